@@ -1,0 +1,70 @@
+"""The WordPiece vocabulary: loading, checking and the tokenizer built from it."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from commodity_bert.shard_format import sha256_file
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class VocabError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Vocab:
+    path: Path
+    tokens: tuple[str, ...]
+    sha256: str
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocab":
+        path = Path(path)
+        if not path.is_file():
+            raise VocabError(f"vocabulary {path} not found; pass --vocab vocab.txt "
+                             f"(make one with: bert-data-prep vocab --input ... --output vocab.txt)")
+        try:
+            tokens = tuple(line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines())
+        except UnicodeDecodeError as exc:
+            raise VocabError(f"vocabulary {path} is not UTF-8 text ({exc}); pass a vocab.txt "
+                             f"with one WordPiece token per line") from exc
+        missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+        if missing:
+            raise VocabError(f"vocabulary {path} lacks the special tokens {missing}; it must be a "
+                             f"BERT WordPiece vocab.txt with one token per line")
+        if len(set(tokens)) != len(tokens):
+            raise VocabError(f"vocabulary {path} lists a token twice; one token per line, each once")
+        return cls(path, tokens, sha256_file(path))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def id(self, token: str) -> int:
+        return self.tokens.index(token)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        return {t: self.tokens.index(t) for t in SPECIAL_TOKENS}
+
+    def continuation_mask(self) -> np.ndarray:
+        """True for '##' word pieces, which whole-word masking keeps with the piece before."""
+        return np.array([t.startswith("##") for t in self.tokens], dtype=bool)
+
+    def random_replacement_ids(self) -> np.ndarray:
+        """Ids a masked token may be replaced with at random: every non-special token
+        (unlike Google's BERT, which could draw [CLS] or [PAD])."""
+        special = set(SPECIAL_TOKENS)
+        return np.array([i for i, t in enumerate(self.tokens)
+                         if t not in special and not (t.startswith("[") and t.endswith("]"))],
+                        dtype=np.int64)
+
+    def tokenizer(self, lowercase: bool):
+        """HF `tokenizers` WordPiece tokenizer (BERT normalizer and pre-tokenizer)."""
+        from tokenizers import BertWordPieceTokenizer
+        return BertWordPieceTokenizer(str(self.path), lowercase=lowercase,
+                                      strip_accents=lowercase)

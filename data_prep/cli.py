@@ -1,0 +1,145 @@
+"""bert-data-prep (also `python -m data_prep`): vocab, shards, inspect."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from commodity_bert.shard_format import ShardFormatError
+from commodity_bert.vocab import VocabError
+from data_prep.errors import PrepError
+
+RESOURCES = Path(__file__).parent / "resources"
+EMBEDDED = {
+    "embedded:sotu": RESOURCES / "sotu.txt.xz",
+    "embedded:bert-base-uncased": RESOURCES / "bert_base_uncased_vocab.txt",
+}
+
+
+def _embedded(path: str) -> str:
+    return str(EMBEDDED.get(path, path))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help=".txt (blank line = document boundary), .jsonl, .parquet, .gz/.bz2/.xz of "
+                        "those, directories of them, a HF dataset saved to disk, or embedded:sotu")
+    p.add_argument("--text-field", default="text", help="text field of .jsonl / parquet / HF datasets")
+    p.add_argument("--hf-split", default="train", help="split of a saved HF DatasetDict")
+    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
+                   help="lower-case and strip accents (uncased BERT; default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bert-data-prep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("vocab", help="train a WordPiece vocabulary")
+    _add_input_args(v)
+    v.add_argument("--vocab-size", type=_positive, default=30522)
+    v.add_argument("--min-frequency", type=_positive, default=2)
+    v.add_argument("--output", required=True, help="vocab.txt to write")
+
+    s = sub.add_parser("shards", help="make presorted, length-stratified HDF5 shards")
+    _add_input_args(s)
+    s.add_argument("--vocab", default="embedded:bert-base-uncased",
+                   help="vocab.txt (default: the embedded BERT-base uncased vocabulary)")
+    s.add_argument("--seq-len", type=_positive, default=128)
+    s.add_argument("--masking", choices=("static", "dynamic"), default="static",
+                   help="static: mask now (dupe-factor copies); dynamic: store unmasked, training masks")
+    s.add_argument("--nsp", action=argparse.BooleanOptionalAction, default=True,
+                   help="segment pairs with next-sentence labels (default) or full-sentence packing")
+    s.add_argument("--dupe-factor", type=_positive, default=None,
+                   help="copies of the corpus with different masks/segmentation (default 5 static, 1 dynamic)")
+    s.add_argument("--max-predictions", type=_positive, default=None,
+                   help="masked positions per sample (default ceil(mask-prob × seq-len))")
+    s.add_argument("--mask-prob", type=_fraction, default=0.15)
+    s.add_argument("--whole-word", action="store_true", help="mask whole words")
+    s.add_argument("--short-seq-prob", type=_fraction, default=0.1)
+    s.add_argument("--strata", type=_positive, default=4, help="length strata (bins of seq-len/N)")
+    s.add_argument("--num-shards", type=_positive, default=16,
+                   help="training shards; a multiple of the number of training ranks (see README)")
+    s.add_argument("--num-val-shards", type=_positive, default=1)
+    s.add_argument("--val-fraction", type=_fraction, default=0.01,
+                   help="fraction of documents held out for validation")
+    s.add_argument("--seed", type=int, default=12345)
+    s.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))))
+    s.add_argument("--output", required=True, help="dataset directory")
+
+    i = sub.add_parser("inspect", help="statistics of a dataset; --verify checks it")
+    i.add_argument("dir")
+    i.add_argument("--verify", action="store_true", help="re-check schema, counts and checksums")
+    i.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
+def _shards(args) -> None:
+    from data_prep.pipeline import run_shards
+    if args.seq_len < 8 or args.seq_len > 32767:
+        raise PrepError(f"--seq-len {args.seq_len} is out of range; use 8 to 32767 (BERT: 128 or 512)")
+    max_predictions = args.max_predictions or math.ceil(args.mask_prob * args.seq_len)
+    if max_predictions > args.seq_len - 2:
+        raise PrepError(f"--max-predictions {max_predictions} does not fit in --seq-len {args.seq_len}")
+    if args.strata > args.seq_len:
+        raise PrepError(f"--strata {args.strata} exceeds --seq-len {args.seq_len}; use at most 4–8 strata")
+    manifest = run_shards(
+        dict(inputs=[_embedded(p) for p in args.input], lowercase=args.lowercase,
+             seq_len=args.seq_len, masking=args.masking, nsp=args.nsp,
+             dupe_factor=args.dupe_factor or (5 if args.masking == "static" else 1),
+             max_predictions=max_predictions, mask_prob=args.mask_prob, whole_word=args.whole_word,
+             short_seq_prob=args.short_seq_prob, seed=args.seed, num_shards=args.num_shards,
+             num_val_shards=args.num_val_shards, val_fraction=args.val_fraction,
+             num_strata=args.strata, text_field=args.text_field, hf_split=args.hf_split),
+        vocab_path=_embedded(args.vocab), output=args.output, workers=args.workers)
+    train, val = manifest["splits"]["train"], manifest["splits"]["validation"]
+    print(f"{args.output}: {train['samples']:,} training samples in {len(train['shards'])} shards, "
+          f"{val['samples']:,} validation samples; padding {train['padding_fraction']:.1%}")
+
+
+def _inspect(args) -> int:
+    from data_prep.inspect import format_report, inspect_dataset
+    report, problems = inspect_dataset(args.dir, verify=args.verify)
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    for problem in problems:
+        print(f"bert-data-prep: problem: {problem}", file=sys.stderr)
+    if args.verify and not args.json:
+        print(f"verify: {'OK' if not problems else f'FAILED ({len(problems)} problems)'}")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "vocab":
+            from data_prep.vocab import train_vocab
+            vocab = train_vocab([_embedded(p) for p in args.input], args.output, args.vocab_size,
+                                args.lowercase, args.min_frequency, args.text_field, args.hf_split)
+            print(f"{args.output}: {len(vocab)} tokens, sha256 {vocab.sha256}")
+            return 0
+        if args.command == "shards":
+            _shards(args)
+            return 0
+        return _inspect(args)
+    except (PrepError, VocabError, ShardFormatError) as exc:
+        print(f"bert-data-prep: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bert-data-prep: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130

@@ -1,0 +1,122 @@
+"""Training instances from tokenized documents, as in Google's BERT
+`create_pretraining_data.py`, with two changes: the short-sequence target length is drawn per
+instance (not once per document, which on corpora of whole speeches made entire documents
+short), and the random next segment comes from another document of the same batch (the corpus
+is streamed, never held in memory).
+
+Two layouts:
+- NSP pairs: [CLS] A [SEP] B [SEP]; B is the true continuation or, with probability 1/2, a
+  segment from another document (label 1).
+- Full-sentence packing (no NSP): [CLS] sentences... [SEP], packed up to the target length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    seq_len: int
+    nsp: bool
+    short_seq_prob: float
+    cls_id: int
+    sep_id: int
+
+
+@dataclass
+class Instance:
+    tokens: np.ndarray     # real tokens only, specials included
+    segment_a: int         # tokens before B starts ([CLS] A [SEP]); = length without NSP
+    random_next: int
+
+
+def _target_length(rng: np.random.Generator, max_tokens: int, short_seq_prob: float) -> int:
+    if rng.random() < short_seq_prob:
+        return int(rng.integers(2, max_tokens + 1))
+    return max_tokens
+
+
+def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator):
+    """Trim the longer segment, from the front or the back at random, until the pair fits."""
+    while len(a) + len(b) > max_tokens:
+        longer_is_a = len(a) > len(b)
+        longer, shorter = (a, b) if longer_is_a else (b, a)
+        cut = max(1, min(len(a) + len(b) - max_tokens, len(longer) - len(shorter)))
+        from_front = int(rng.binomial(cut, 0.5))
+        longer = longer[from_front:len(longer) - (cut - from_front)]
+        a, b = (longer, shorter) if longer_is_a else (shorter, longer)
+    return a, b
+
+
+def nsp_instances(document: list[np.ndarray], others: list[list[np.ndarray]],
+                  spec: InstanceSpec, rng: np.random.Generator) -> list[Instance]:
+    max_tokens = spec.seq_len - 3
+    instances: list[Instance] = []
+    chunk: list[np.ndarray] = []
+    chunk_len = 0
+    target = _target_length(rng, max_tokens, spec.short_seq_prob)
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        chunk_len += len(document[i])
+        if i == len(document) - 1 or chunk_len >= target:
+            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
+            tokens_a = np.concatenate(chunk[:a_end])
+            if len(chunk) == 1 or rng.random() < 0.5:
+                random_next = 1
+                source = others[int(rng.integers(len(others)))] if others else document
+                start = int(rng.integers(len(source)))
+                pieces, have = [], 0
+                for sentence in source[start:]:
+                    pieces.append(sentence)
+                    have += len(sentence)
+                    if have >= target - len(tokens_a):
+                        break
+                tokens_b = np.concatenate(pieces)
+                i -= len(chunk) - a_end  # the unused sentences start the next instance
+            else:
+                random_next = 0
+                tokens_b = np.concatenate(chunk[a_end:])
+            tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_tokens, rng)
+            if len(tokens_a) and len(tokens_b):
+                tokens = np.concatenate(([spec.cls_id], tokens_a, [spec.sep_id], tokens_b, [spec.sep_id]))
+                instances.append(Instance(tokens, len(tokens_a) + 2, random_next))
+            chunk, chunk_len = [], 0
+            target = _target_length(rng, max_tokens, spec.short_seq_prob)
+        i += 1
+    return instances
+
+
+def packed_instances(document: list[np.ndarray], spec: InstanceSpec,
+                     rng: np.random.Generator) -> list[Instance]:
+    max_tokens = spec.seq_len - 2
+    instances: list[Instance] = []
+    chunk: list[np.ndarray] = []
+    chunk_len = 0
+    target = _target_length(rng, max_tokens, spec.short_seq_prob)
+
+    def emit():
+        nonlocal chunk, chunk_len, target
+        tokens = np.concatenate(([spec.cls_id], *chunk, [spec.sep_id]))
+        instances.append(Instance(tokens, len(tokens), 0))
+        chunk, chunk_len = [], 0
+        target = _target_length(rng, max_tokens, spec.short_seq_prob)
+
+    for sentence in document:
+        while len(sentence):
+            if chunk_len + len(sentence) <= target:
+                chunk.append(sentence)
+                chunk_len += len(sentence)
+                sentence = sentence[:0]
+            elif chunk:
+                emit()
+            else:  # one sentence longer than the target: split it
+                chunk.append(sentence[:target])
+                chunk_len = target
+                sentence = sentence[target:]
+                emit()
+    if chunk:
+        emit()
+    return instances
