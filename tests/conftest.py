@@ -1,0 +1,67 @@
+import hashlib
+import json
+import lzma
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CORPORA = REPO.parent / "shared" / "corpora"
+EMBEDDED_SOTU = REPO / "data_prep" / "resources" / "sotu.txt.xz"
+
+
+def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real CLI in its own process, as a user would."""
+    proc = subprocess.run([sys.executable, "-m", "data_prep", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, **kwargs)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"bert-data-prep {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def shard_checksums(data_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(data_dir.rglob("*.hdf5"))}
+
+
+def tree_checksums(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def first_documents(text: str, max_chars: int) -> str:
+    """Whole documents (blank-line separated) from the start of `text`, up to max_chars."""
+    out, size = [], 0
+    for doc in text.split("\n\n"):
+        if size + len(doc) > max_chars and out:
+            break
+        out.append(doc)
+        size += len(doc) + 2
+    return "\n\n".join(out) + "\n"
+
+
+@pytest.fixture(scope="session")
+def sotu_text() -> str:
+    return lzma.open(EMBEDDED_SOTU, "rt", encoding="utf-8").read()
+
+
+@pytest.fixture(scope="session")
+def sotu_small(tmp_path_factory, sotu_text) -> Path:
+    """~1.5 MB of whole State of the Union addresses (one speech per line)."""
+    path = tmp_path_factory.mktemp("corpus") / "sotu_small.txt"
+    path.write_text(first_documents(sotu_text, 1_500_000))
+    return path
+
+
+def shared_corpus(name: str) -> Path:
+    path = SHARED_CORPORA / name
+    if not path.is_file():
+        pytest.skip(f"{path} not present (the shared corpora sit beside the checkout)")
+    return path
+
+
+def load_manifest(data_dir: Path) -> dict:
+    return json.loads((data_dir / "manifest.json").read_text())

@@ -1,0 +1,113 @@
+"""Vocabulary training, NVIDIA interoperability of the shard format, instance and masking rules."""
+import h5py
+import numpy as np
+
+from commodity_bert import shard_format as fmt
+from commodity_bert.masking import mask_sequence
+from commodity_bert.vocab import Vocab
+from data_prep.instances import InstanceSpec, nsp_instances, packed_instances
+from data_prep.sentences import document_sentences
+from conftest import run_cli
+
+
+def test_vocab_trained_on_real_text_tokenizes_it(tmp_path, sotu_small):
+    out = tmp_path / "vocab.txt"
+    proc = run_cli("vocab", "--input", sotu_small, "--vocab-size", 3000, "--output", out)
+    vocab = Vocab.load(out)
+    assert 2500 <= len(vocab) <= 3000 and vocab.sha256 in proc.stdout
+    assert vocab.tokens[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    assert "government" in vocab.tokens and "Government" not in vocab.tokens  # lower-cased
+    encoded = vocab.tokenizer(lowercase=True).encode("The Congress shall assemble at least once.")
+    assert vocab.id("[UNK]") not in encoded.ids
+    cased = tmp_path / "cased.txt"
+    run_cli("vocab", "--input", sotu_small, "--vocab-size", 3000, "--no-lowercase", "--output", cased)
+    assert "Government" in Vocab.load(cased).tokens
+
+
+def test_shards_use_a_trained_vocab(tmp_path, sotu_small):
+    vocab = tmp_path / "vocab.txt"
+    run_cli("vocab", "--input", sotu_small, "--vocab-size", 2000, "--output", vocab)
+    out = tmp_path / "ds"
+    run_cli("shards", "--input", sotu_small, "--vocab", vocab, "--output", out, "--num-shards", 2,
+            "--dupe-factor", 1, "--workers", 1)
+    assert (out / "vocab.txt").read_bytes() == vocab.read_bytes()
+    arrays = fmt.read_shard(out / "shard_00000.hdf5")
+    assert arrays["input_ids"].max() < 2000
+
+
+def _nvidia_style_shard(path, arrays):
+    """A shard written the way NVIDIA's create_pretraining_data.py writes one: int32/int8,
+    gzip, six keys, no lengths, no attributes."""
+    with h5py.File(path, "w") as f:
+        for key, dtype in [("input_ids", "i4"), ("input_mask", "i1"), ("segment_ids", "i1"),
+                           ("masked_lm_positions", "i4"), ("masked_lm_ids", "i4"),
+                           ("next_sentence_labels", "i1")]:
+            f.create_dataset(key, data=arrays[key], dtype=dtype, compression="gzip")
+
+
+def test_nvidia_shards_read_here_and_ours_read_as_nvidia_does(tmp_path, sotu_small):
+    out = tmp_path / "ds"
+    run_cli("shards", "--input", sotu_small, "--output", out, "--num-shards", 2, "--dupe-factor", 1,
+            "--workers", 1)
+    ours = fmt.read_shard(out / "shard_00000.hdf5")
+    # NVIDIA's pretraining_dataset: np.asarray(f[key][:]) for the six keys, then int64 tensors
+    with h5py.File(out / "shard_00000.hdf5", "r") as f:
+        theirs_view = [np.asarray(f[k][:]).astype(np.int64) for k in fmt.NVIDIA_KEYS]
+    index = 7
+    ids, mask, seg, pos, mlm_ids, nsp = (a[index] for a in theirs_view)
+    assert mask.sum() == ours["lengths"][index] and ids[0] == 101  # [CLS] in the BERT-base vocab
+    # NVIDIA rebuilds labels as: labels[pos[:k]] = mlm_ids[:k], k = first zero position
+    k = (pos != 0).sum()
+    assert k > 0 and (pos[k:] == 0).all() and (mlm_ids[:k] > 0).all()
+    _nvidia_style_shard(tmp_path / "nvidia.hdf5", {k: ours[k] for k in fmt.NVIDIA_KEYS})
+    back = fmt.read_shard(tmp_path / "nvidia.hdf5")
+    assert np.array_equal(back["lengths"], ours["lengths"])
+    assert fmt.check_shard_arrays(back, where="nvidia", seq_len=128, static_masking=True,
+                                  vocab_size=30522) == []
+
+
+def test_sentence_splitter_splits_a_whole_speech(sotu_small):
+    speech = sotu_small.read_text().split("\n\n")[0]
+    sentences = document_sentences([speech])
+    assert len(sentences) > 30 and max(map(len, sentences)) < len(speech) / 5
+    assert all(s.rstrip()[-1] in ".?!:;\"')" for s in sentences)
+
+
+def _tokenized_speech(sotu_small, n):
+    vocab = Vocab.load("data_prep/resources/bert_base_uncased_vocab.txt")
+    tok = vocab.tokenizer(lowercase=True)
+    speeches = [d for d in sotu_small.read_text().split("\n\n") if d.strip()][:n]
+    return vocab, [[np.array(e.ids) for e in tok.encode_batch(document_sentences([s]),
+                                                               add_special_tokens=False)]
+                   for s in speeches]
+
+
+def test_instances_fit_and_keep_the_text(sotu_small):
+    vocab, docs = _tokenized_speech(sotu_small, 3)
+    spec = InstanceSpec(128, True, 0.1, vocab.id("[CLS]"), vocab.id("[SEP]"))
+    rng = np.random.default_rng(0)
+    pairs = nsp_instances(docs[0], docs[1:], spec, rng)
+    assert all(len(i.tokens) <= 128 and i.tokens[0] == spec.cls_id and i.tokens[-1] == spec.sep_id
+               and i.tokens[i.segment_a - 1] == spec.sep_id for i in pairs)
+    continuations = [i for i in pairs if not i.random_next]
+    assert 0.3 < len(continuations) / len(pairs) < 0.7
+    spec_packed = InstanceSpec(128, False, 0.0, spec.cls_id, spec.sep_id)
+    packed = packed_instances(docs[0], spec_packed, rng)
+    # packing without NSP keeps every token of the document, in order
+    body = np.concatenate([i.tokens[1:-1] for i in packed])
+    assert np.array_equal(body, np.concatenate(docs[0]))
+    assert np.mean([len(i.tokens) for i in packed]) > 100
+
+
+def test_mask_sequence_budget_and_specials():
+    rng = np.random.default_rng(1)
+    tokens = np.concatenate(([2], rng.integers(1000, 2000, 126), [3]))
+    specials = np.array([0, 1, 2, 3, 4])
+    for _ in range(50):
+        masked, pos, orig = mask_sequence(tokens, rng=rng, mask_prob=0.15, max_predictions=20, mask_id=4,
+                                          special_ids=specials, replacement_ids=np.arange(5, 3000),
+                                          continuation=None)
+        assert len(pos) == 19 and np.all(np.diff(pos) > 0)  # round(128 × 0.15)
+        assert 0 not in pos and 127 not in pos
+        assert np.array_equal(orig, tokens[pos])
+        assert np.array_equal(np.delete(masked, pos), np.delete(tokens, pos))
