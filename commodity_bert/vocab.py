@@ -51,6 +51,10 @@ class Vocab:
     def special_ids(self) -> dict[str, int]:
         return {t: self.tokens.index(t) for t in SPECIAL_TOKENS}
 
+    def special_mask(self) -> np.ndarray:
+        """True for bracketed special tokens ([CLS], [SEP], [PAD], ...), which are never masked."""
+        return np.array([t.startswith("[") and t.endswith("]") for t in self.tokens], dtype=bool)
+
     def continuation_mask(self) -> np.ndarray:
         """True for '##' word pieces, which whole-word masking keeps with the piece before."""
         return np.array([t.startswith("##") for t in self.tokens], dtype=bool)
@@ -58,10 +62,7 @@ class Vocab:
     def random_replacement_ids(self) -> np.ndarray:
         """Ids a masked token may be replaced with at random: every non-special token
         (unlike Google's BERT, which could draw [CLS] or [PAD])."""
-        special = set(SPECIAL_TOKENS)
-        return np.array([i for i, t in enumerate(self.tokens)
-                         if t not in special and not (t.startswith("[") and t.endswith("]"))],
-                        dtype=np.int64)
+        return np.flatnonzero(~self.special_mask())
 
     def tokenizer(self, lowercase: bool):
         """HF `tokenizers` WordPiece tokenizer (BERT normalizer and pre-tokenizer)."""

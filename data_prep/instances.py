@@ -39,15 +39,20 @@ def _target_length(rng: np.random.Generator, max_tokens: int, short_seq_prob: fl
 
 
 def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator):
-    """Trim the longer segment, from the front or the back at random, until the pair fits."""
-    while len(a) + len(b) > max_tokens:
-        longer_is_a = len(a) > len(b)
-        longer, shorter = (a, b) if longer_is_a else (b, a)
-        cut = max(1, min(len(a) + len(b) - max_tokens, len(longer) - len(shorter)))
-        from_front = int(rng.binomial(cut, 0.5))
-        longer = longer[from_front:len(longer) - (cut - from_front)]
-        a, b = (longer, shorter) if longer_is_a else (shorter, longer)
-    return a, b
+    """Trim the pair to max_tokens as BERT does token by token (always from the longer segment,
+    B when equal; each token from the front or the back at random), in closed form."""
+    excess = len(a) + len(b) - max_tokens
+    if excess <= 0:
+        return a, b
+    first = min(excess, abs(len(a) - len(b)))  # the longer shrinks to the shorter's length
+    rest = excess - first                      # then they shrink in turn, B first
+    cut_a = (first if len(a) > len(b) else 0) + rest // 2
+    cut_b = (first if len(b) >= len(a) else 0) + rest - rest // 2
+
+    def trim(segment, cut):
+        front = int(rng.binomial(cut, 0.5)) if cut else 0
+        return segment[front:len(segment) - (cut - front)]
+    return trim(a, cut_a), trim(b, cut_b)
 
 
 def nsp_instances(document: list[np.ndarray], others: list[list[np.ndarray]],

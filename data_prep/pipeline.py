@@ -44,7 +44,7 @@ from data_prep.sentences import document_sentences
 
 BATCH_CHARS = 1 << 20
 BATCH_MAX_DOCS = 4096
-BUCKET_BUFFER_BYTES = 64 << 20
+BUCKET_BUFFER_BYTES = 16 << 20
 WORK_DIR = ".work"
 SPLITS = ("train", "validation")
 
@@ -101,7 +101,7 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
         tokenizer=vocab.tokenizer(config.lowercase),
         spec=InstanceSpec(config.seq_len, config.nsp, config.short_seq_prob, ids["[CLS]"], ids["[SEP]"]),
         mask_id=ids["[MASK]"],
-        special_ids=np.array(sorted(ids.values())),
+        is_special=vocab.special_mask(),
         replacement_ids=vocab.random_replacement_ids(),
         continuation=vocab.continuation_mask() if config.whole_word else None,
         dtype_static=fmt.record_dtype(config.seq_len, config.max_predictions, len(vocab), True),
@@ -130,7 +130,7 @@ def _to_records(instances, rng_list, static: bool) -> np.ndarray:
         if static:
             tokens, positions, originals = mask_sequence(
                 tokens, rng=rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
-                mask_id=_worker["mask_id"], special_ids=_worker["special_ids"],
+                mask_id=_worker["mask_id"], is_special=_worker["is_special"],
                 replacement_ids=_worker["replacement_ids"], continuation=_worker["continuation"])
             row["masked_positions"][:len(positions)] = positions
             row["masked_ids"][:len(positions)] = originals
@@ -366,6 +366,7 @@ def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -
         "max_predictions": cfg.max_predictions,
         "num_strata": cfg.num_strata,
         "strata_bounds": fmt.strata_bounds(cfg.seq_len, cfg.num_strata),
+        "input": {"documents": sum(scatter["documents"].values()), "tokens": scatter["tokens_in"]},
         "skipped_lines": scatter["skipped"],
         "splits": {s: _split_summary(cfg, s, scatter, shards[s]) for s in SPLITS},
     }

@@ -102,12 +102,25 @@ def test_instances_fit_and_keep_the_text(sotu_small):
 def test_mask_sequence_budget_and_specials():
     rng = np.random.default_rng(1)
     tokens = np.concatenate(([2], rng.integers(1000, 2000, 126), [3]))
-    specials = np.array([0, 1, 2, 3, 4])
+    is_special = np.zeros(3000, dtype=bool)
+    is_special[:5] = True
     for _ in range(50):
         masked, pos, orig = mask_sequence(tokens, rng=rng, mask_prob=0.15, max_predictions=20, mask_id=4,
-                                          special_ids=specials, replacement_ids=np.arange(5, 3000),
+                                          is_special=is_special, replacement_ids=np.arange(5, 3000),
                                           continuation=None)
         assert len(pos) == 19 and np.all(np.diff(pos) > 0)  # round(128 × 0.15)
         assert 0 not in pos and 127 not in pos
         assert np.array_equal(orig, tokens[pos])
         assert np.array_equal(np.delete(masked, pos), np.delete(tokens, pos))
+
+
+def test_truncate_pair_trims_the_longer_segment_first():
+    from data_prep.instances import _truncate_pair
+    rng = np.random.default_rng(0)
+    a, b = np.arange(10), np.arange(100, 400)
+    ta, tb = _truncate_pair(a, b, 125, rng)
+    assert len(ta) == 10 and len(tb) == 115 and np.all(np.diff(tb) == 1)  # a contiguous run of b
+    ta, tb = _truncate_pair(np.arange(90), np.arange(91), 125, rng)
+    assert (len(ta), len(tb)) == (62, 63)
+    ta, tb = _truncate_pair(np.arange(5), np.arange(6), 125, rng)
+    assert (len(ta), len(tb)) == (5, 6)

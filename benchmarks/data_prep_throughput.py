@@ -1,0 +1,97 @@
+"""Throughput and peak memory of `bert-data-prep shards` on real text.
+
+For each worker count it runs the real CLI several times on the embedded corpus (decompressed
+first, so MB/s counts text bytes) and prints the median wall time, MB/s and input tokens/s in
+total and per worker, and the peak RSS of the largest process (main or worker). A second table
+runs the corpus 1× and 2× with shards of the same size, to show that peak memory does not grow
+with the corpus.
+
+    python benchmarks/data_prep_throughput.py [--workers 1 2] [--repeats 3] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "data_prep" / "resources" / "sotu.txt.xz"
+
+
+def run_once(inputs: list[Path], workers: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ds"
+        cmd = [sys.executable, "-m", "data_prep", "shards", "--input", *map(str, inputs),
+               "--output", str(out), "--workers", str(workers), *extra]
+        log = open(Path(tmp) / "stderr.log", "w+")
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+        # wait4's usage covers the child and the workers it waited for: ru_maxrss is the
+        # peak of the largest of them
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            log.seek(0)
+            raise SystemExit(f"bert-data-prep failed:\n{log.read()}")
+        manifest = json.loads((out / "manifest.json").read_text())
+    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
+            "input_tokens": manifest["input"]["tokens"],
+            "samples": sum(s["samples"] for s in manifest["splits"].values())}
+
+
+def measure(inputs, workers, repeats, extra) -> dict:
+    runs = [run_once(inputs, workers, extra) for _ in range(repeats)]
+    text_mb = sum(p.stat().st_size for p in inputs) / 1e6
+    wall = statistics.median(r["wall_s"] for r in runs)
+    tokens = runs[0]["input_tokens"]
+    return {"workers": workers, "text_mb": text_mb, "runs": len(runs), "wall_s": wall,
+            "mb_per_s": text_mb / wall, "mb_per_s_per_worker": text_mb / wall / workers,
+            "tokens_per_s": tokens / wall, "tokens_per_s_per_worker": tokens / wall / workers,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "samples": runs[0]["samples"],
+            "input_tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--masking", default="static")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    extra = ["--seq-len", str(args.seq_len), "--masking", args.masking]
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "sotu.txt"
+        corpus.write_bytes(lzma.decompress(CORPUS.read_bytes()))
+        rows = [measure([corpus], w, args.repeats, extra + ["--num-shards", "16"]) for w in args.workers]
+        workers = max(args.workers)
+        scaling = [measure([corpus] * k, workers, args.repeats, extra + ["--num-shards", str(16 * k)])
+                   for k in (1, 2)]
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    print(f"bert-data-prep shards on the embedded corpus (sotu, {rows[0]['text_mb']:.1f} MB of text), "
+          f"seq {args.seq_len}, {args.masking} masking, CLI defaults otherwise; median of "
+          f"{args.repeats} runs; {machine}")
+    print(f"{'workers':>7} {'wall s':>7} {'MB/s':>6} {'MB/s/worker':>11} {'tok/s':>9} "
+          f"{'tok/s/worker':>12} {'peak RSS MB':>11}")
+    for r in rows:
+        print(f"{r['workers']:>7} {r['wall_s']:>7.2f} {r['mb_per_s']:>6.2f} {r['mb_per_s_per_worker']:>11.2f} "
+              f"{r['tokens_per_s']:>9,.0f} {r['tokens_per_s_per_worker']:>12,.0f} {r['peak_rss_mb']:>11.0f}")
+    print(f"\npeak memory vs corpus size ({workers} workers, 16 shards per copy of the corpus)")
+    print(f"{'text MB':>7} {'samples':>9} {'wall s':>7} {'peak RSS MB':>11}")
+    for r in scaling:
+        print(f"{r['text_mb']:>7.1f} {r['samples']:>9,} {r['wall_s']:>7.2f} {r['peak_rss_mb']:>11.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "rows": rows, "scaling": scaling}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
