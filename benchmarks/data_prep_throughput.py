@@ -31,17 +31,17 @@ def run_once(inputs: list[Path], workers: int, extra: list[str]) -> dict:
         out = Path(tmp) / "ds"
         cmd = [sys.executable, "-m", "data_prep", "shards", "--input", *map(str, inputs),
                "--output", str(out), "--workers", str(workers), *extra]
-        log = open(Path(tmp) / "stderr.log", "w+")
-        started = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
-        # wait4's usage covers the child and the workers it waited for: ru_maxrss is the
-        # peak of the largest of them
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            log.seek(0)
-            raise SystemExit(f"bert-data-prep failed:\n{log.read()}")
+        with open(Path(tmp) / "stderr.log", "w+") as log:
+            started = time.perf_counter()
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+            # wait4's usage covers the child and the workers it waited for: ru_maxrss is the
+            # peak of the largest of them
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - started
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                log.seek(0)
+                raise SystemExit(f"bert-data-prep failed:\n{log.read()}")
         manifest = json.loads((out / "manifest.json").read_text())
     return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024,
             "input_tokens": manifest["input"]["tokens"],

@@ -17,7 +17,7 @@ def mask_sequence(tokens: np.ndarray, *, rng: np.random.Generator, mask_prob: fl
     """
     n = len(tokens)
     candidates = np.flatnonzero(~is_special[tokens])
-    num_to_predict = min(max_predictions, max(1, int(round(n * mask_prob))), len(candidates))
+    num_to_predict = min(max_predictions, max(1, round(n * mask_prob)), len(candidates))
     if continuation is None:
         positions = np.sort(candidates[rng.permutation(len(candidates))[:num_to_predict]])
     else:

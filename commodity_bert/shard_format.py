@@ -44,7 +44,7 @@ LENGTHS_KEY = "lengths"
 
 # gzip (deflate) is the one HDF5 filter every HDF5 build has; shuffle makes the small ints
 # of masks and segment ids compress to almost nothing.
-COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
+COMPRESSION = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
 
 
 class ShardFormatError(Exception):
@@ -67,12 +67,9 @@ def stratum_of(lengths: np.ndarray, seq_len: int, num_strata: int) -> np.ndarray
 
 def strata_bounds(seq_len: int, num_strata: int) -> list[list[int]]:
     """[low, high] (inclusive) of each stratum's lengths."""
-    bounds = []
-    for s in range(num_strata):
-        low = next(n for n in range(1, seq_len + 1) if stratum_of(np.array([n]), seq_len, num_strata)[0] == s)
-        high = max(n for n in range(1, seq_len + 1) if stratum_of(np.array([n]), seq_len, num_strata)[0] == s)
-        bounds.append([low, high])
-    return bounds
+    lengths = np.arange(1, seq_len + 1)
+    strata = stratum_of(lengths, seq_len, num_strata)
+    return [[int(lengths[strata == s].min()), int(lengths[strata == s].max())] for s in range(num_strata)]
 
 
 def record_dtype(seq_len: int, max_predictions: int, vocab_size: int, static_masking: bool) -> np.dtype:

@@ -23,7 +23,7 @@ class Vocab:
     sha256: str
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Vocab":
+    def load(cls, path: str | os.PathLike) -> Vocab:
         path = Path(path)
         if not path.is_file():
             raise VocabError(f"vocabulary {path} not found; pass --vocab vocab.txt "

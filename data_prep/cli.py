@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-fraction", type=_fraction, default=0.01,
                    help="fraction of documents held out for validation")
     s.add_argument("--seed", type=int, default=12345)
-    s.add_argument("--workers", type=_positive, default=max(1, len(os.sched_getaffinity(0))))
+    s.add_argument("--workers", type=_positive, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     s.add_argument("--output", required=True, help="dataset directory")
 
     i = sub.add_parser("inspect", help="statistics of a dataset; --verify checks it")
@@ -100,13 +100,14 @@ def _shards(args) -> None:
     if args.strata > args.seq_len:
         raise PrepError(f"--strata {args.strata} exceeds --seq-len {args.seq_len}; use at most 4–8 strata")
     manifest = run_shards(
-        dict(inputs=[_embedded(p) for p in args.input], lowercase=args.lowercase,
-             seq_len=args.seq_len, masking=args.masking, nsp=args.nsp,
-             dupe_factor=args.dupe_factor or (5 if args.masking == "static" else 1),
-             max_predictions=max_predictions, mask_prob=args.mask_prob, whole_word=args.whole_word,
-             short_seq_prob=args.short_seq_prob, seed=args.seed, num_shards=args.num_shards,
-             num_val_shards=args.num_val_shards, val_fraction=args.val_fraction,
-             num_strata=args.strata, text_field=args.text_field, hf_split=args.hf_split),
+        {"inputs": [_embedded(p) for p in args.input], "lowercase": args.lowercase,
+         "seq_len": args.seq_len, "masking": args.masking, "nsp": args.nsp,
+         "dupe_factor": args.dupe_factor or (5 if args.masking == "static" else 1),
+         "max_predictions": max_predictions, "mask_prob": args.mask_prob,
+         "whole_word": args.whole_word, "short_seq_prob": args.short_seq_prob, "seed": args.seed,
+         "num_shards": args.num_shards, "num_val_shards": args.num_val_shards,
+         "val_fraction": args.val_fraction, "num_strata": args.strata,
+         "text_field": args.text_field, "hf_split": args.hf_split},
         vocab_path=_embedded(args.vocab), output=args.output, workers=args.workers)
     train, val = manifest["splits"]["train"], manifest["splits"]["validation"]
     print(f"{args.output}: {train['samples']:,} training samples in {len(train['shards'])} shards, "

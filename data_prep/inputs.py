@@ -14,9 +14,9 @@ import json
 import lzma
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from data_prep.errors import PrepError
 

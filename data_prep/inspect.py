@@ -1,6 +1,7 @@
 """`bert-data-prep inspect DIR`: what a dataset holds, and with --verify whether it is intact."""
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ def inspect_dataset(data_dir: str, verify: bool = False) -> tuple[dict, list[str
             worst_deviation = max(worst_deviation, deviation)
         edges = np.linspace(0, seq_len, HISTOGRAM_BINS + 1).astype(int)
         histogram = [{"lengths": [int(lo) + 1, int(hi)], "samples": int(lengths_hist[lo + 1: hi + 1].sum())}
-                     for lo, hi in zip(edges[:-1], edges[1:])]
+                     for lo, hi in pairwise(edges)]
         split_report = {
             "shards": len(summary["shards"]), "documents": summary["documents"],
             "samples": samples, "tokens": tokens,
@@ -108,8 +109,9 @@ def inspect_dataset(data_dir: str, verify: bool = False) -> tuple[dict, list[str
 
 
 def format_report(report: dict) -> str:
-    lines = [f"{report['dir']}: seq_len {report['seq_len']}, {report['masking']} masking, "
-             f"{'NSP pairs' if report['nsp'] else 'full-sentence packing'}, vocab {report['vocab_size']}"]
+    header = (f"{report['dir']}: seq_len {report['seq_len']}, {report['masking']} masking, "
+              f"{'NSP pairs' if report['nsp'] else 'full-sentence packing'}, vocab {report['vocab_size']}")
+    lines = [header]
     for split, r in report["splits"].items():
         lines.append(f"\n[{split}] {r['shards']} shards ({r['shard_sizes'][0]}–{r['shard_sizes'][1]} samples each), "
                      f"{r['documents']} documents, {r['samples']:,} samples, {r['tokens']:,} tokens, "

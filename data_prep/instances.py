@@ -19,7 +19,6 @@ import numpy as np
 @dataclass(frozen=True)
 class InstanceSpec:
     seq_len: int
-    nsp: bool
     short_seq_prob: float
     cls_id: int
     sep_id: int

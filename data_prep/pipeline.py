@@ -99,7 +99,7 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
     _worker.update(
         config=config,
         tokenizer=vocab.tokenizer(config.lowercase),
-        spec=InstanceSpec(config.seq_len, config.nsp, config.short_seq_prob, ids["[CLS]"], ids["[SEP]"]),
+        spec=InstanceSpec(config.seq_len, config.short_seq_prob, ids["[CLS]"], ids["[SEP]"]),
         mask_id=ids["[MASK]"],
         is_special=vocab.special_mask(),
         replacement_ids=vocab.random_replacement_ids(),

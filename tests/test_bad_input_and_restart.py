@@ -8,7 +8,6 @@ import time
 
 import h5py
 import pytest
-
 from conftest import REPO, load_manifest, run_cli, shard_checksums, tree_checksums
 
 

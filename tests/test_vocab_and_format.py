@@ -1,13 +1,13 @@
 """Vocabulary training, NVIDIA interoperability of the shard format, instance and masking rules."""
 import h5py
 import numpy as np
+from conftest import run_cli
 
 from commodity_bert import shard_format as fmt
 from commodity_bert.masking import mask_sequence
 from commodity_bert.vocab import Vocab
 from data_prep.instances import InstanceSpec, nsp_instances, packed_instances
 from data_prep.sentences import document_sentences
-from conftest import run_cli
 
 
 def test_vocab_trained_on_real_text_tokenizes_it(tmp_path, sotu_small):
@@ -54,7 +54,7 @@ def test_nvidia_shards_read_here_and_ours_read_as_nvidia_does(tmp_path, sotu_sma
     with h5py.File(out / "shard_00000.hdf5", "r") as f:
         theirs_view = [np.asarray(f[k][:]).astype(np.int64) for k in fmt.NVIDIA_KEYS]
     index = 7
-    ids, mask, seg, pos, mlm_ids, nsp = (a[index] for a in theirs_view)
+    ids, mask, _segments, pos, mlm_ids, _nsp = (a[index] for a in theirs_view)
     assert mask.sum() == ours["lengths"][index] and ids[0] == 101  # [CLS] in the BERT-base vocab
     # NVIDIA rebuilds labels as: labels[pos[:k]] = mlm_ids[:k], k = first zero position
     k = (pos != 0).sum()
@@ -84,14 +84,14 @@ def _tokenized_speech(sotu_small, n):
 
 def test_instances_fit_and_keep_the_text(sotu_small):
     vocab, docs = _tokenized_speech(sotu_small, 3)
-    spec = InstanceSpec(128, True, 0.1, vocab.id("[CLS]"), vocab.id("[SEP]"))
+    spec = InstanceSpec(128, 0.1, vocab.id("[CLS]"), vocab.id("[SEP]"))
     rng = np.random.default_rng(0)
     pairs = nsp_instances(docs[0], docs[1:], spec, rng)
     assert all(len(i.tokens) <= 128 and i.tokens[0] == spec.cls_id and i.tokens[-1] == spec.sep_id
                and i.tokens[i.segment_a - 1] == spec.sep_id for i in pairs)
     continuations = [i for i in pairs if not i.random_next]
     assert 0.3 < len(continuations) / len(pairs) < 0.7
-    spec_packed = InstanceSpec(128, False, 0.0, spec.cls_id, spec.sep_id)
+    spec_packed = InstanceSpec(128, 0.0, spec.cls_id, spec.sep_id)
     packed = packed_instances(docs[0], spec_packed, rng)
     # packing without NSP keeps every token of the document, in order
     body = np.concatenate([i.tokens[1:-1] for i in packed])
