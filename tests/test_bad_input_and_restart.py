@@ -130,3 +130,10 @@ def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path, sotu_small, ph
     assert shard_checksums(out) == expected
     assert not (out / ".work").exists() and not list(out.rglob("*.tmp"))
     run_cli("inspect", out, "--verify")
+
+
+def test_vocab_from_an_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    proc = run_cli("vocab", "--input", tmp_path / "empty.txt", "--output", tmp_path / "vocab.txt", check=False)
+    assert "no text found" in error_line(proc)
+    assert not (tmp_path / "vocab.txt").exists()

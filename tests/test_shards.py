@@ -195,3 +195,21 @@ def test_rerun_of_finished_dataset_does_nothing(tmp_path, sotu_small):
     proc = run_cli("shards", "--input", sotu_small, "--output", out, "--num-shards", 2, "--dupe-factor", 1)
     assert "nothing to do" in proc.stderr
     assert before == {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+
+
+def test_short_documents_spread_over_all_strata(tmp_path):
+    """Movie-review sentences, one document each: many short samples, every stratum filled."""
+    tsv = shared_corpus("rotten_tomatoes_sentences.tsv")
+    jsonl = tmp_path / "reviews.jsonl"
+    with open(jsonl, "w") as fh:
+        for line in tsv.read_text(encoding="utf-8", errors="replace").splitlines()[1:]:
+            parts = line.split("\t")
+            if len(parts) == 3:
+                fh.write(json.dumps({"text": parts[2]}) + "\n")
+    out = make_dataset(tmp_path, [jsonl], "--no-nsp", "--seq-len", 64, "--num-shards", 7,
+                       "--dupe-factor", 1, "--val-fraction", 0.05)
+    report = verify(out)
+    shares = report["splits"]["train"]["strata_shares"]
+    assert min(shares) > 0.02, shares  # a real mix, unlike whole speeches
+    assert_stratified(out)
+    assert_stratified(out, "validation")
