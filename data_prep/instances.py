@@ -54,8 +54,18 @@ def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random
     return trim(a, cut_a), trim(b, cut_b)
 
 
-def nsp_instances(document: list[np.ndarray], others: list[list[np.ndarray]],
-                  spec: InstanceSpec, rng: np.random.Generator) -> list[Instance]:
+def _random_other(pool: list[list[np.ndarray]], own: int, rng: np.random.Generator):
+    """A random document of `pool` other than pool[own] (the document itself if alone)."""
+    if len(pool) < 2:
+        return pool[own]
+    pick = int(rng.integers(len(pool) - 1))
+    return pool[pick + (pick >= own)]
+
+
+def nsp_instances(pool: list[list[np.ndarray]], own: int, spec: InstanceSpec,
+                  rng: np.random.Generator) -> list[Instance]:
+    """Pairs from document pool[own]; random next segments come from the pool's others."""
+    document = pool[own]
     max_tokens = spec.seq_len - 3
     instances: list[Instance] = []
     chunk: list[np.ndarray] = []
@@ -70,7 +80,7 @@ def nsp_instances(document: list[np.ndarray], others: list[list[np.ndarray]],
             tokens_a = np.concatenate(chunk[:a_end])
             if len(chunk) == 1 or rng.random() < 0.5:
                 random_next = 1
-                source = others[int(rng.integers(len(others)))] if others else document
+                source = _random_other(pool, own, rng)
                 start = int(rng.integers(len(source)))
                 pieces, have = [], 0
                 for sentence in source[start:]:

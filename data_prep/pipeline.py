@@ -149,21 +149,21 @@ def process_batch(first_doc_index: int, documents: list[list[str]]) -> dict:
                 else "train" for i in range(len(documents))]
     result = {"documents": {s: 0 for s in SPLITS}, "tokens_in": 0}
     per_split: dict[str, tuple[list, list]] = {s: ([], []) for s in SPLITS}
-    for i, doc in enumerate(tokenized):
-        if not doc:
-            continue
-        split = split_of[i]
-        result["documents"][split] += 1
-        result["tokens_in"] += sum(len(s) for s in doc)
-        others = [d for j, d in enumerate(tokenized) if j != i and d and split_of[j] == split]
+    for split in SPLITS:
+        # random next segments come from other documents of the same split and batch
+        indices = [i for i, doc in enumerate(tokenized) if doc and split_of[i] == split]
+        pool = [tokenized[i] for i in indices]
+        result["documents"][split] = len(indices)
+        result["tokens_in"] += sum(len(s) for doc in pool for s in doc)
         # held-out documents are masked once, statically, so evaluation is repeatable
         dupes = cfg.dupe_factor if split == "train" else 1
-        for dupe in range(dupes):
-            rng = np.random.default_rng([cfg.seed, first_doc_index + i, dupe])
-            made = (nsp_instances(doc, others, _worker["spec"], rng) if cfg.nsp
-                    else packed_instances(doc, _worker["spec"], rng))
-            per_split[split][0].extend(made)
-            per_split[split][1].extend([rng] * len(made))
+        for own, i in enumerate(indices):
+            for dupe in range(dupes):
+                rng = np.random.default_rng([cfg.seed, first_doc_index + i, dupe])
+                made = (nsp_instances(pool, own, _worker["spec"], rng) if cfg.nsp
+                        else packed_instances(pool[own], _worker["spec"], rng))
+                per_split[split][0].extend(made)
+                per_split[split][1].extend([rng] * len(made))
     for split in SPLITS:
         instances, rngs = per_split[split]
         result[split] = _to_records(instances, rngs, cfg.static or split == "validation")
