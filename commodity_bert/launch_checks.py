@@ -1,0 +1,93 @@
+"""Checks made before any training step, so that a bad config or data set stops the job with
+one clear line instead of a traceback (or a hang) minutes into a multi-node launch."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from commodity_bert.optim import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
+
+
+class LaunchError(Exception):
+    pass
+
+
+def load_deepspeed_config(path: str | None) -> dict:
+    if not path:
+        raise LaunchError("--deepspeed_config is required: a DeepSpeed JSON config, e.g. ds_configs/cpu_tiny_lamb.json")
+    p = Path(path)
+    if not p.is_file():
+        raise LaunchError(f"--deepspeed_config {path} not found; see ds_configs/ for the shipped configs")
+    try:
+        config = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LaunchError(f"--deepspeed_config {path} is not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise LaunchError(f"--deepspeed_config {path} must hold a JSON object")
+    return config
+
+
+def resolve_batch_sizes(config: dict, world_size: int) -> tuple[int, int, int]:
+    """(train_batch_size, micro_batch, accumulation) as DeepSpeed derives them, or an error
+    that says which number to change."""
+    total = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accumulation = config.get("gradient_accumulation_steps")
+    for name, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
+                        ("gradient_accumulation_steps", accumulation)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise LaunchError(f"{name} = {value!r} in the DeepSpeed config; it must be a positive integer")
+    if micro is None and total is not None:
+        accumulation = accumulation or 1
+        if total % (accumulation * world_size):
+            raise LaunchError(f"train_batch_size {total} is not divisible by gradient_accumulation_steps "
+                              f"{accumulation} × {world_size} ranks")
+        micro = total // (accumulation * world_size)
+    if micro is None:
+        raise LaunchError("set train_micro_batch_size_per_gpu (and train_batch_size or "
+                          "gradient_accumulation_steps) in the DeepSpeed config")
+    if accumulation is None:
+        if total is None:
+            accumulation = 1
+        elif total % (micro * world_size):
+            raise LaunchError(f"train_batch_size {total} is not a multiple of train_micro_batch_size_per_gpu "
+                              f"{micro} × {world_size} ranks; change train_batch_size or the micro-batch")
+        else:
+            accumulation = total // (micro * world_size)
+    expected = micro * accumulation * world_size
+    if total is not None and total != expected:
+        raise LaunchError(f"train_batch_size {total} ≠ train_micro_batch_size_per_gpu {micro} × "
+                          f"gradient_accumulation_steps {accumulation} × {world_size} ranks = {expected}; "
+                          f"fix one of them for this world size")
+    return expected, micro, accumulation
+
+
+def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int]:
+    block = config.get("optimizer")
+    if not block or "type" not in block:
+        raise LaunchError('the DeepSpeed config has no "optimizer": {"type": ...}; use Adam, AdamW or Lamb')
+    name = optimizer_name(config)
+    if name == "onebitlamb":
+        raise LaunchError('optimizer "OneBitLamb" is not available yet (it arrives with the '
+                          'communication work); use "Lamb" meanwhile')
+    if name not in DEEPSPEED_BUILT | PROJECT_OPTIMIZERS:
+        raise LaunchError(f"optimizer {block['type']!r} is not supported; use Adam, AdamW or Lamb")
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage not in (0, 1, 2):
+        raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
+    if name == "lamb" and stage >= 1:
+        raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
+                          f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")
+    if config.get("fp16", {}).get("enabled") and config.get("bf16", {}).get("enabled"):
+        raise LaunchError("fp16 and bf16 are both enabled in the DeepSpeed config; enable one")
+    return resolve_batch_sizes(config, world_size)
+
+
+def check_data_against_model(manifest: dict, model_config, data_dir: str) -> None:
+    if manifest["seq_len"] > model_config.max_position_embeddings:
+        raise LaunchError(f"{data_dir} has sequences of {manifest['seq_len']} tokens but the model has "
+                          f"{model_config.max_position_embeddings} positions; raise max_position_embeddings "
+                          f"or use shorter shards")
+    if manifest["vocab"]["size"] != model_config.vocab_size:
+        raise LaunchError(f"{data_dir} was tokenized with {manifest['vocab']['size']} tokens but the model's "
+                          f"vocab_size is {model_config.vocab_size}; use matching data and model")
