@@ -10,6 +10,7 @@ uninterrupted one.
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +171,13 @@ class _PlannedBatches(Dataset):
         return self.maker(self.plan[index], (*self.key, index))
 
 
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """Loader workers outlive a stop signal: the trainer finishes its step and saves a
+    checkpoint, and a dead worker would abort it (the launcher signals the whole tree)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class TrainingBatches:
     """Endless micro-batches over epochs, with a position that checkpoints save and restore."""
 
@@ -196,7 +204,8 @@ class TrainingBatches:
             # dropout after a resume, which creates the loader at another point of the run
             loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
                                 prefetch_factor=4 if self.num_workers else None,
-                                generator=torch.Generator().manual_seed(self.seed))
+                                generator=torch.Generator().manual_seed(self.seed),
+                                worker_init_fn=_ignore_stop_signals)
             for batch in loader:
                 self.batch += 1
                 yield batch
