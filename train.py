@@ -9,6 +9,7 @@ machinery lives in `commodity_bert/`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -26,11 +27,21 @@ from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.export import export_hf_model
-from commodity_bert.launch_checks import (LaunchError, check_data_against_model, check_deepspeed_config,
-                                          load_deepspeed_config)
+from commodity_bert.launch_checks import (
+    LaunchError,
+    check_data_against_model,
+    check_deepspeed_config,
+    load_deepspeed_config,
+)
 from commodity_bert.metrics import MetricsLogger
-from commodity_bert.model import (ModelConfigError, PretrainingModel, build_config, build_model, load_weights,
-                                  training_flops)
+from commodity_bert.model import (
+    ModelConfigError,
+    PretrainingModel,
+    build_config,
+    build_model,
+    load_weights,
+    training_flops,
+)
 from commodity_bert.optim import build_optimizer
 
 
@@ -64,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dist-timeout-minutes", type=float, default=10.0,
                    help="collective timeout: how long ranks wait for a dead peer before failing")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
-    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))
+    p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.add_config_arguments(p)
     return p.parse_args(argv)
 
@@ -113,6 +124,17 @@ def evaluate(engine, batches, device) -> dict:
     totals = sum_across_ranks(totals, device)
     count = max(totals["count"], 1.0)
     return {"val_mlm_acc": totals["correct"] / count, "val_loss": totals["loss_sum"] / count}
+
+
+def parameters_identical_across_ranks(module, device) -> bool:
+    """Data parallelism keeps one model: compare a digest of every rank's parameters."""
+    digest = hashlib.sha256()
+    for param in module.parameters():
+        digest.update(param.detach().float().cpu().numpy().tobytes())
+    mine = torch.tensor(list(digest.digest()), dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return all(torch.equal(every[0], d) for d in every)
 
 
 def fail(message: str, code: int = 2):
@@ -217,6 +239,7 @@ def main() -> None:
     grad_norm = None
     data_wait = 0.0
     steps_in_window = 0
+    last_eval: dict = {}
     data_iter = iter(batches)
     engine.train()
     while engine.global_steps < max_steps:
@@ -262,7 +285,8 @@ def main() -> None:
             if totals["nsp_count"]:
                 row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
             if args.eval_every and step % args.eval_every == 0 or finished:
-                row.update(evaluate(engine, val_batches, device))
+                last_eval = evaluate(engine, val_batches, device)
+                row.update(last_eval)
             metrics.log(row)
             if rank == 0:
                 print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
@@ -271,7 +295,8 @@ def main() -> None:
             flops, micro_batches, grad_norm = 0.0, 0, None
             data_wait, steps_in_window, last_log = 0.0, 0, time.time()
         elif args.eval_every and step % args.eval_every == 0:
-            metrics.log({"step": step, "samples": samples, **evaluate(engine, val_batches, device)})
+            last_eval = evaluate(engine, val_batches, device)
+            metrics.log({"step": step, "samples": samples, **last_eval})
 
         due = (args.save_every and step % args.save_every == 0) or \
               (args.save_every_minutes and time.time() - last_save >= args.save_every_minutes * 60)
@@ -283,7 +308,13 @@ def main() -> None:
                 print(f"stopping at step {step}: {'signal' if signalled else 'time budget'}; checkpoint saved",
                       flush=True)
             break
+    identical = parameters_identical_across_ranks(model, device)
     export()
+    if rank == 0:
+        summary = {"step": engine.global_steps, "samples": samples, "wall_s": time.time() - started,
+                   "world_size": world, "params_identical_across_ranks": identical, **last_eval}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"done: {json.dumps(summary)}", flush=True)
     metrics.close()
     dist.barrier()
 

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from commodity_bert import shard_format as fmt
 from commodity_bert.masking import mask_sequence
-from commodity_bert.model import IGNORE_INDEX
 from commodity_bert.vocab import Vocab
 
 PAD_MULTIPLE = 8

@@ -21,7 +21,6 @@ PRESETS = {
     "base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
     "large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096},
 }
-IGNORE_INDEX = -100
 
 
 class ModelConfigError(Exception):

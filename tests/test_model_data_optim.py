@@ -1,0 +1,157 @@
+"""Sparse MLM loss vs HF's dense loss, LAMB vs a reference, the stratified rank data."""
+import numpy as np
+import pytest
+import torch
+
+from commodity_bert import shard_format as fmt
+from commodity_bert.data import (BatchMaker, TrainingBatches, epoch_plan, rank_training_data,
+                                 strata_counts_per_batch, validation_batches)
+from commodity_bert.model import PretrainingModel, build_config, build_model
+from commodity_bert.optim import Lamb, build_optimizer
+from commodity_bert.vocab import Vocab
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory, sotu_small):
+    root = tmp_path_factory.mktemp("data")
+    common = ["--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--val-fraction", 0.05, "--workers", 2]
+    run_cli("shards", *common, "--num-shards", 4, "--output", root / "static")
+    run_cli("shards", *common, "--num-shards", 3, "--masking", "dynamic", "--no-nsp", "--output", root / "dynamic")
+    return root
+
+
+def _batch(data_dir, indices):
+    manifest = fmt.load_manifest(data_dir)
+    arrays = fmt.read_shard(data_dir / "shard_00000.hdf5")
+    static = manifest["masking"] == "static"
+    maker = BatchMaker(arrays, manifest, Vocab.load(data_dir / "vocab.txt"), seed=3, static=static)
+    return manifest, maker(np.asarray(indices), (0, 0, 0))
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_sparse_mlm_loss_equals_hf_dense_loss(datasets, kind):
+    manifest, batch = _batch(datasets / kind, range(0, 400, 25))
+    torch.manual_seed(0)
+    hf = build_model(build_config("tiny", manifest["vocab"]["size"]), nsp=manifest["nsp"]).eval()
+    sparse_loss, stats = PretrainingModel(hf)(batch)
+    labels = torch.full_like(batch["input_ids"], -100).view(-1)
+    labels[batch["masked_index"]] = batch["masked_labels"]
+    kwargs = {"next_sentence_label": batch["next_sentence_labels"]} if manifest["nsp"] else {}
+    dense = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+               token_type_ids=batch["token_type_ids"], labels=labels.view(batch["input_ids"].shape), **kwargs)
+    assert torch.allclose(sparse_loss, dense.loss, rtol=1e-5, atol=1e-6)
+    assert stats["mlm_count"] == (labels != -100).sum()
+
+
+def test_batches_are_trimmed_and_masked_like_the_shards(datasets):
+    _, batch = _batch(datasets / "static", range(10))
+    width = batch["input_ids"].shape[1]
+    longest = int(batch["attention_mask"].sum(1).max())
+    assert width % 8 == 0 and longest <= width < longest + 8
+    # masked labels sit where the input shows [MASK] most of the time (80/10/10)
+    mask_id = Vocab.load(datasets / "static" / "vocab.txt").id("[MASK]")
+    shown = batch["input_ids"].view(-1)[batch["masked_index"]]
+    assert 0.6 < (shown == mask_id).float().mean() < 0.95
+
+
+def test_dynamic_masking_is_seeded_per_batch(datasets):
+    data = datasets / "dynamic"
+    manifest = fmt.load_manifest(data)
+    arrays = fmt.read_shard(data / "shard_00000.hdf5")
+    maker = BatchMaker(arrays, manifest, Vocab.load(data / "vocab.txt"), seed=3, static=False)
+    rows = np.arange(64)
+    a, b, c = maker(rows, (0, 0, 5)), maker(rows, (0, 0, 5)), maker(rows, (0, 0, 6))
+    assert torch.equal(a["input_ids"], b["input_ids"]) and not torch.equal(a["input_ids"], c["input_ids"])
+    fraction = a["masked_labels"].numel() / a["real_tokens"].item()
+    assert 0.13 < fraction < 0.17
+    assert not np.isin(arrays["input_ids"], [maker.mask_id]).any()  # the shards stay unmasked
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world):
+    data = datasets / "static"
+    manifest = fmt.load_manifest(data)
+    micro = 16
+    seen, sizes = [], set()
+    expected = strata_counts_per_batch(manifest["splits"]["train"]["strata_shares"], micro)
+    assert expected.sum() == micro
+    for rank in range(world):
+        rank_data, per_batch = rank_training_data(data, manifest, rank, world, micro)
+        plan = epoch_plan(rank_data, per_batch, seed=1, epoch=0, rank=rank)
+        sizes.add(plan.shape[0])
+        strata = fmt.stratum_of(rank_data.arrays["lengths"], 64, manifest["num_strata"])
+        for row in plan:
+            assert np.array_equal(np.bincount(strata[row], minlength=len(expected)), expected)
+        # global identity of a sample: its token row (ranks index their own arrays)
+        seen.append({rank_data.arrays["input_ids"][i].tobytes() for i in plan.ravel()})
+    assert len(sizes) == 1  # the same number of batches everywhere: no rank waits at a collective
+    for i in range(world):
+        for j in range(i + 1, world):
+            assert not seen[i] & seen[j]  # disjoint samples
+
+
+def test_training_batches_resume_at_their_position(datasets):
+    data = datasets / "dynamic"
+    manifest = fmt.load_manifest(data)
+    first = TrainingBatches(data, manifest, 0, 1, 8, seed=5, num_workers=0)
+    stream = iter(first)
+    batches = [next(stream) for _ in range(7)]
+    again = TrainingBatches(data, manifest, 0, 1, 8, seed=5, num_workers=1)
+    again.load_state_dict({"epoch": 0, "batch": 4})
+    resumed = iter(again)
+    for expected in batches[4:]:
+        got = next(resumed)
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+    val = validation_batches(data, manifest, 0, 1, 8)
+    assert val and all(b["masked_labels"].numel() for b in val)  # held-out split is pre-masked
+
+
+def _reference_lamb_step(params, grads, states, lr, beta1, beta2, eps, wd, step, max_coeff, min_coeff):
+    """LAMB as in the paper (Algorithm 2) with Adam bias correction, one tensor at a time."""
+    for p, g, s in zip(params, grads, states):
+        s["m"] = beta1 * s["m"] + (1 - beta1) * g
+        s["v"] = beta2 * s["v"] + (1 - beta2) * g * g
+        m_hat = s["m"] / (1 - beta1 ** step)
+        v_hat = s["v"] / (1 - beta2 ** step)
+        update = m_hat / (v_hat.sqrt() + eps) + wd * p
+        w_norm, u_norm = p.norm().item(), update.norm().item()
+        ratio = min(max(w_norm / u_norm, min_coeff), max_coeff) if w_norm > 0 and u_norm > 0 else 1.0
+        p -= lr * ratio * update
+
+
+def test_lamb_matches_the_reference():
+    torch.manual_seed(0)
+    shapes = [(64, 32), (32,), (16, 16), (8,)]
+    params = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    params[3].zero_()  # zero weights: trust ratio 1
+    params[2] *= 100   # large weights: ratio clipped at max_coeff
+    ours = [torch.nn.Parameter(p.clone()) for p in params]
+    reference = [p.clone() for p in params]
+    lr, betas, eps, wd = 0.01, (0.9, 0.999), 1e-6, 0.01
+    opt = Lamb([{"params": ours[:3], "weight_decay": wd}, {"params": ours[3:], "weight_decay": 0.0}],
+               lr=lr, betas=betas, eps=eps, max_coeff=10.0, min_coeff=0.01)
+    states = [{"m": torch.zeros_like(p), "v": torch.zeros_like(p)} for p in params]
+    for step in range(1, 8):
+        grads = [torch.randn(s, dtype=torch.float64) for s in shapes]
+        for p, g in zip(ours, grads):
+            p.grad = g.clone()
+        opt.step()
+        _reference_lamb_step(reference[:3], grads[:3], states[:3], lr, *betas, eps, wd, step, 10.0, 0.01)
+        _reference_lamb_step(reference[3:], grads[3:], states[3:], lr, *betas, eps, 0.0, step, 10.0, 0.01)
+    for p, r in zip(ours, reference):
+        assert torch.allclose(p.detach(), r, rtol=1e-10, atol=1e-12)
+    assert not torch.equal(ours[0].detach(), params[0])
+
+
+def test_optimizer_choice_follows_the_config():
+    model = torch.nn.Module()
+    model.dense, model.LayerNorm = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)  # HF BERT's names
+    lamb = {"optimizer": {"type": "Lamb", "params": {"lr": 0.1, "weight_decay": 0.01}}, "train_batch_size": 8}
+    opt, groups, config = build_optimizer(lamb, model, on_cuda=False)
+    assert isinstance(opt, Lamb) and "optimizer" not in config and config["train_batch_size"] == 8
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0] and len(groups[1]["params"]) == 3
+    opt, _, config = build_optimizer(lamb, model, on_cuda=True)  # DeepSpeed's FusedLamb on CUDA
+    assert opt is None and config["optimizer"]["type"] == "Lamb"
+    adam = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    assert build_optimizer(adam, model, on_cuda=False)[0] is None
