@@ -39,7 +39,7 @@ from commodity_bert.model import (
     PretrainingModel,
     build_config,
     build_model,
-    load_weights,
+    load_pretrained,
     training_flops,
 )
 from commodity_bert.optim import build_optimizer
@@ -185,12 +185,14 @@ def main() -> None:
         weights = source / "hf_model" if (source / "hf_model").is_dir() else source
         try:
             if any(weights.glob("*.safetensors")):
-                load_weights(hf_model, weights)
+                hf_model = load_pretrained(weights, nsp=manifest["nsp"])
+                model_config = hf_model.config  # the architecture is the source's
+                check_data_against_model(manifest, model_config, args.data)
             elif checkpoint.latest(source) or checkpoint.latest(source / "checkpoints"):
                 init_checkpoint = source if checkpoint.latest(source) else source / "checkpoints"
             else:
                 raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
-        except ModelConfigError as exc:
+        except (ModelConfigError, LaunchError) as exc:
             fail(str(exc))
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank

@@ -49,26 +49,15 @@ def build_model(config: BertConfig, nsp: bool) -> nn.Module:
     return cls._from_config(config, attn_implementation="sdpa")
 
 
-def load_weights(model: nn.Module, source: str | os.PathLike) -> None:
-    """Weights from an exported HF model directory (phase 2 from phase 1); heads that the
-    source lacks (e.g. NSP after an MLM-only phase) keep their initialisation."""
-    from safetensors.torch import load_file
-    files = sorted(Path(source).glob("*.safetensors"))
-    if not files:
-        raise ModelConfigError(f"--init-from {source}: no *.safetensors weights found")
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    wanted = [k for k in missing if not k.startswith("cls.seq_relationship")]
-    # tied output embeddings are saved once; they are not really missing
-    wanted = [k for k in wanted if k != "cls.predictions.decoder.weight"]
-    if wanted:
-        raise ModelConfigError(f"--init-from {source}: weights for {wanted[:3]}... are missing; "
-                               f"the source is a different architecture")
-    if any(not k.startswith("cls.seq_relationship") for k in unexpected):
-        raise ModelConfigError(f"--init-from {source}: unexpected weights {unexpected[:3]}...; "
-                               f"the source is a different architecture")
+def load_pretrained(source: str | os.PathLike, nsp: bool) -> nn.Module:
+    """An exported model (RUN/hf_model) to start from, e.g. phase 2 from phase 1. HF's own
+    loader ties the output embeddings and initialises a head the source lacks (NSP after an
+    MLM-only phase)."""
+    cls = BertForPreTraining if nsp else BertForMaskedLM
+    try:
+        return cls.from_pretrained(str(source), attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"--init-from {source}: not a loadable BERT model ({exc})") from exc
 
 
 class PretrainingModel(nn.Module):

@@ -2,14 +2,20 @@
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 
 from commodity_bert import shard_format as fmt
-from commodity_bert.data import (BatchMaker, TrainingBatches, epoch_plan, rank_training_data,
-                                 strata_counts_per_batch, validation_batches)
+from commodity_bert.data import (
+    BatchMaker,
+    TrainingBatches,
+    epoch_plan,
+    rank_training_data,
+    strata_counts_per_batch,
+    validation_batches,
+)
 from commodity_bert.model import PretrainingModel, build_config, build_model
 from commodity_bert.optim import Lamb, build_optimizer
 from commodity_bert.vocab import Vocab
-from conftest import run_cli
 
 
 @pytest.fixture(scope="module")

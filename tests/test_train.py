@@ -1,0 +1,225 @@
+"""train.py through DeepSpeed's launcher: real gloo ranks on this machine."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, run_cli
+
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_cmd(ranks: int, *args) -> list[str]:
+    return [DEEPSPEED, "--num_gpus", str(ranks), "--master_port", str(free_port()), "train.py", *map(str, args)]
+
+
+def train(ranks, *args, check=True, timeout=600):
+    proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, sotu_small):
+    out = tmp_path_factory.mktemp("train") / "seq64"
+    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
+            "--val-fraction", 0.05, "--workers", 2, "--output", out)
+    return out
+
+
+COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
+
+
+@pytest.fixture(scope="module")
+def run30(tmp_path_factory, data):
+    run = tmp_path_factory.mktemp("run30") / "run"
+    train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 30, "--eval-every", 15,
+          "--save-every", 10, "--keep-checkpoints", 2)
+    return run
+
+
+def test_loss_falls_and_validation_accuracy_rises(run30):
+    history = rows(run30)
+    assert [r["step"] for r in history] == [5, 10, 15, 20, 25, 30]
+    assert history[-1]["loss"] < history[0]["loss"] - 0.1
+    evals = [r for r in history if "val_mlm_acc" in r]
+    assert [r["step"] for r in evals] == [15, 30]
+    assert evals[1]["val_mlm_acc"] > evals[0]["val_mlm_acc"]
+
+
+def test_parameters_identical_on_all_ranks(run30):
+    summary = json.loads((run30 / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["step"] == 30
+    assert summary["params_identical_across_ranks"] is True
+
+
+def test_metrics_tensorboard_and_checkpoints(run30):
+    row = rows(run30)[-1]
+    for key in ("step", "samples", "loss", "mlm_acc", "nsp_acc", "lr", "loss_scale", "grad_norm", "seq_per_s",
+                "tokens_per_s", "tflops", "data_wait_s", "val_mlm_acc", "val_loss"):
+        assert isinstance(row[key], (int, float)), key
+    assert row["samples"] == 30 * 64 and row["grad_norm"] > 0 and row["tokens_per_s"] > row["seq_per_s"]
+    assert list((run30 / "tensorboard").glob("events.out.tfevents.*"))
+    checkpoints = run30 / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step_00000020", "step_00000030"]
+    assert (checkpoints / "latest").read_text() == "step_00000030"
+
+
+def test_exported_model_answers_fill_mask(run30):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+    model = AutoModelForMaskedLM.from_pretrained(run30 / "hf_model")
+    tokenizer = AutoTokenizer.from_pretrained(run30 / "hf_model")
+    assert len(tokenizer) == model.config.vocab_size == 30522
+    fill = pipeline("fill-mask", model=model, tokenizer=tokenizer)
+    answers = fill("the congress of the united [MASK] .")
+    assert len(answers) == 5 and all(a["token_str"] for a in answers)
+
+
+def test_resume_equals_uninterrupted(tmp_path, data, run30):
+    run = tmp_path / "run"
+    args = [*COMMON, "--data", data, "--output-dir", run, "--eval-every", 15]
+    train(2, *args, "--max-steps", 10)
+    train(2, *args, "--max-steps", 20)
+    resumed, whole = rows(run), rows(run30)
+    assert [r["step"] for r in resumed] == [5, 10, 15, 20]
+    for r, w in zip(resumed, whole):
+        assert (r["loss"], r["mlm_acc"], r["lr"], r["grad_norm"]) == (w["loss"], w["mlm_acc"], w["lr"], w["grad_norm"])
+    assert resumed[2]["val_mlm_acc"] == whole[2]["val_mlm_acc"]
+
+
+def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
+    ranks = []
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.endswith("train.py") for c in cmdline) and "--local_rank" in " ".join(cmdline):
+            ranks.append(child)
+    # data-loader workers are children of the ranks and share their command line
+    return [r for r in ranks if not any(p.pid in {q.pid for q in ranks} for p in r.parents())]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_stop_signal_saves_a_checkpoint_and_exits_zero(tmp_path, data, sig):
+    run = tmp_path / "run"
+    launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 100000),
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ((run / "metrics.jsonl").exists() and len(_rank_processes(launcher)) == 2):
+        assert launcher.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    for rank in _rank_processes(launcher):
+        os.kill(rank.pid, sig)
+    output, _ = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, output[-3000:]
+    assert "stopping at step" in output
+    step = int((run / "checkpoints" / "latest").read_text().removeprefix("step_"))
+    assert 5 <= step < 100000
+    assert (run / "hf_model" / "config.json").is_file()
+    # relaunching the same command continues from there
+    train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", step + 5)
+    assert rows(run)[-1]["step"] == step + 5
+
+
+def test_time_budget_stops_cleanly(tmp_path, data):
+    run = tmp_path / "run"
+    proc = train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 100000, "--time-budget", "1s")
+    assert "time budget" in proc.stdout
+    step = rows(run)[-1]["step"]  # the last row is logged at the stop
+    assert 1 <= step < 100 and (run / "checkpoints" / "latest").read_text() == f"step_{step:08d}"
+
+
+def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
+    run = tmp_path / "phase2"
+    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", run30)
+    fresh = rows(run30)[0]["loss"]  # first 5 steps from random weights
+    assert rows(run)[0]["loss"] < fresh - 0.1
+
+
+# ---- validation before launch: one clear line, before any step
+
+
+def _config(tmp_path, **changes):
+    config = json.loads(CPU_CONFIG.read_text())
+    for key, value in changes.items():
+        config[key] = value
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _refused(proc, phrase, run):
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "train.py: error:" in line]
+    assert errors and phrase in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("case", ["unknown_optimizer", "onebit", "lamb_zero1", "batch_sizes", "positions", "vocab"])
+def test_bad_configs_are_refused_before_training(tmp_path, data, case):
+    run = tmp_path / "run"
+    ranks, model, phrase = 1, "tiny", None
+    config = json.loads(CPU_CONFIG.read_text())
+    if case == "unknown_optimizer":
+        config["optimizer"]["type"] = "Adagrad"
+        phrase = "'Adagrad' is not supported"
+    elif case == "onebit":
+        config["optimizer"]["type"] = "OneBitLamb"
+        phrase = "not available yet"
+    elif case == "lamb_zero1":
+        config["zero_optimization"] = {"stage": 1}
+        phrase = "Lamb cannot run under ZeRO stage 1"
+    elif case == "batch_sizes":
+        ranks, config["train_batch_size"] = 2, 48
+        phrase = "train_batch_size 48 ≠ train_micro_batch_size_per_gpu 32 × gradient_accumulation_steps 1 × 2 ranks"
+    else:
+        bert = {"vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "intermediate_size": 128, "max_position_embeddings": 512}
+        if case == "positions":
+            bert["max_position_embeddings"], phrase = 32, "sequences of 64 tokens but the model has 32 positions"
+        else:
+            bert["vocab_size"], phrase = 8000, "vocab_size 8000 but the data's vocabulary has 30522 tokens"
+        model = tmp_path / "bert.json"
+        model.write_text(json.dumps(bert))
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    proc = train(ranks, "--deepspeed_config", tmp_path / "ds.json", "--model", model, "--data", data,
+                 "--output-dir", run, "--max-steps", 5, check=False)
+    _refused(proc, phrase, run)
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_missing_or_corrupt_shard_is_refused_before_training(tmp_path, data, damage):
+    import shutil
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    shard = copy / "shard_00001.hdf5"
+    if damage == "missing":
+        shard.unlink()
+        phrase = "shard_00001.hdf5 is missing"
+    else:
+        shard.write_bytes(b"\x00" * 1000)
+        phrase = "shard_00001.hdf5: cannot be read as HDF5"
+    run = tmp_path / "run"
+    proc = train(2, *COMMON, "--data", copy, "--output-dir", run, "--max-steps", 5, check=False)
+    _refused(proc, phrase, run)
