@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# BERT phase 1 (seq 128) with DeepSpeed's launcher.
+#   DATA      phase-1 dataset (bert-data-prep shards --seq-len 128), e.g. data/pretrain/seq128
+#   RUN       output directory (default runs/${MODEL}_phase1)
+#   MODEL     base | large (default base)
+#   HOSTFILE  DeepSpeed hostfile (default hostfiles/localhost)
+#   CONFIG    DeepSpeed config (default ds_configs/bert_${MODEL}_phase1_lamb_fp16.json)
+#   EXTRA     more train.py flags, e.g. "--time-budget 24h"
+# Re-running the same command resumes from the last checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${DATA:?set DATA to the phase-1 dataset directory}"
+MODEL=${MODEL:-base}
+RUN=${RUN:-runs/${MODEL}_phase1}
+HOSTFILE=${HOSTFILE:-hostfiles/localhost}
+CONFIG=${CONFIG:-ds_configs/bert_${MODEL}_phase1_lamb_fp16.json}
+DEEPSPEED=${DEEPSPEED:-${VENV:-.venv}/bin/deepspeed}
+# shellcheck disable=SC2086  # EXTRA holds several flags
+exec "$DEEPSPEED" --hostfile "$HOSTFILE" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
+    --model "$MODEL" --output-dir "$RUN" --resume auto --log-every 50 --eval-every 1000 \
+    --save-every 500 --save-every-minutes 30 ${EXTRA:-}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# BERT phase 2 (seq 512), starting from the phase-1 run's weights, with its own warmup.
+#   DATA      phase-2 dataset (bert-data-prep shards --seq-len 512), e.g. data/pretrain/seq512
+#   PHASE1    the phase-1 RUN directory (default runs/${MODEL}_phase1)
+#   RUN       output directory (default runs/${MODEL}_phase2)
+#   MODEL, HOSTFILE, CONFIG, EXTRA as in phase1.sh (CONFIG default ds_configs/bert_${MODEL}_phase2_lamb_fp16.json)
+# Re-running the same command resumes phase 2 from its last checkpoint (not from phase 1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${DATA:?set DATA to the phase-2 dataset directory}"
+MODEL=${MODEL:-base}
+PHASE1=${PHASE1:-runs/${MODEL}_phase1}
+RUN=${RUN:-runs/${MODEL}_phase2}
+HOSTFILE=${HOSTFILE:-hostfiles/localhost}
+CONFIG=${CONFIG:-ds_configs/bert_${MODEL}_phase2_lamb_fp16.json}
+DEEPSPEED=${DEEPSPEED:-${VENV:-.venv}/bin/deepspeed}
+# shellcheck disable=SC2086
+exec "$DEEPSPEED" --hostfile "$HOSTFILE" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
+    --model "$MODEL" --init-from "$PHASE1" --output-dir "$RUN" --resume auto --log-every 50 \
+    --eval-every 500 --save-every 200 --save-every-minutes 30 ${EXTRA:-}
