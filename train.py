@@ -137,9 +137,11 @@ def parameters_identical_across_ranks(module, device) -> bool:
     return all(torch.equal(every[0], d) for d in every)
 
 
-def fail(message: str, code: int = 2):
-    print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code)
+def fail(message: str, everyone: bool = False):
+    """One error line (from rank 0, or from every rank that found the problem), exit 2."""
+    if everyone or not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def main() -> None:
@@ -167,7 +169,7 @@ def main() -> None:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
         if problem:
-            fail(problem)
+            fail(problem, everyone=True)  # the rank that found it says it; a shard may be one rank's
         sys.exit(2)
     max_steps = args.max_steps or ds_config.get("scheduler", {}).get("params", {}).get("total_num_steps")
     if not max_steps:
@@ -266,7 +268,10 @@ def main() -> None:
         steps_in_window += 1
         step = engine.global_steps
         out_of_time = args.time_budget is not None and time.time() - started >= args.time_budget
-        signalled, out_of_time = agree([stop.signalled, out_of_time], device)
+        save_due = bool(args.save_every and step % args.save_every == 0) or \
+            bool(args.save_every_minutes and time.time() - last_save >= args.save_every_minutes * 60)
+        # one small collective a step: every rank stops and saves at the same step
+        signalled, out_of_time, save_due = agree([stop.signalled, out_of_time, save_due], device)
         finished = signalled or out_of_time or step >= max_steps
 
         if step % args.log_every == 0 or finished:
@@ -300,9 +305,7 @@ def main() -> None:
             last_eval = evaluate(engine, val_batches, device)
             metrics.log({"step": step, "samples": samples, **last_eval})
 
-        due = (args.save_every and step % args.save_every == 0) or \
-              (args.save_every_minutes and time.time() - last_save >= args.save_every_minutes * 60)
-        if agree([bool(due)], device)[0] or finished:
+        if save_due or finished:
             save()
             last_save = time.time()
         if signalled or out_of_time:
