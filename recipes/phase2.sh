@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 MODEL=${MODEL:-base}
 PHASE1=${PHASE1:-runs/${MODEL}_phase1}
 RUN=${RUN:-runs/${MODEL}_phase2}
-HOSTFILE=${HOSTFILE:-hostfiles/localhost}
+# no HOSTFILE: this machine's GPUs; with one, DeepSpeed's pdsh launcher ssh-es into each host
+LAUNCH=(--num_gpus "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)}")
+[ -n "${HOSTFILE:-}" ] && LAUNCH=(--hostfile "$HOSTFILE")
 CONFIG=${CONFIG:-ds_configs/bert_${MODEL}_phase2_lamb_fp16.json}
 DEEPSPEED=${DEEPSPEED:-${VENV:-.venv}/bin/deepspeed}
 # shellcheck disable=SC2086
-exec "$DEEPSPEED" --hostfile "$HOSTFILE" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
+exec "$DEEPSPEED" "${LAUNCH[@]}" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
     --model "$MODEL" --init-from "$PHASE1" --output-dir "$RUN" --resume auto --log-every 50 \
     --eval-every 500 --save-every 200 --save-every-minutes 30 ${EXTRA:-}

@@ -19,7 +19,9 @@ mkdir -p "$DATA_ROOT"
 $PY -m data_prep shards --input embedded:sotu --vocab "$DATA_ROOT/vocab.txt" --output "$DATA_ROOT/seq128" \
     --seq-len 128 --masking static --dupe-factor 1 --num-shards 4 --val-fraction 0.05
 $PY -m data_prep inspect "$DATA_ROOT/seq128" --verify | tail -n 1
-"$VENV/bin/deepspeed" --hostfile hostfiles/localhost train.py --deepspeed_config ds_configs/cpu_tiny_lamb.json \
+# two local ranks: DeepSpeed's --num_gpus is the number of processes on a CPU machine (a
+# hostfile, even one naming localhost, makes the launcher ssh into each host)
+"$VENV/bin/deepspeed" --num_gpus "${RANKS:-2}" train.py --deepspeed_config ds_configs/cpu_tiny_lamb.json \
     --data "$DATA_ROOT/seq128" --model tiny --output-dir "$RUN" --max-steps "$STEPS" \
     --log-every 25 --eval-every 50 --save-every 100 --num-workers 1 2>&1 \
     | grep --line-buffered -E '^(step|done|stopping)|error|Error'
