@@ -28,7 +28,10 @@ $PY -m data_prep inspect "$DATA_ROOT/seq128" --verify | tail -n 1
 $PY - "$RUN" <<'PY'
 import json, sys
 from pathlib import Path
+import transformers
 from transformers import pipeline
+transformers.logging.set_verbosity_error()  # the NSP head not used by fill-mask is reported otherwise
+transformers.utils.logging.disable_progress_bar()
 run = Path(sys.argv[1])
 evals = [(r["step"], r["val_mlm_acc"]) for r in map(json.loads, open(run / "metrics.jsonl")) if "val_mlm_acc" in r]
 print("validation MLM accuracy by step:", ", ".join(f"{s}: {a:.1%}" for s, a in evals))
