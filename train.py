@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
+from commodity_bert.comm import BytesCounter
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.export import export_hf_model
 from commodity_bert.launch_checks import (
@@ -42,6 +43,7 @@ from commodity_bert.model import (
     load_pretrained,
     training_flops,
 )
+from commodity_bert.onebit_lamb import OneBitLamb
 from commodity_bert.optim import build_optimizer
 
 
@@ -202,9 +204,15 @@ def main() -> None:
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters, config=ds_config)
+    if isinstance(optimizer, OneBitLamb):
+        # from the freeze step on, momenta travel compressed instead of gradients
+        optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
+    wire = BytesCounter().install()
     samples = 0
     if resuming:
-        state = checkpoint.load(engine, resume_dir)
+        state, rank_state = checkpoint.load(engine, resume_dir)
+        if isinstance(optimizer, OneBitLamb):
+            optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
         batches.load_state_dict(state["data"])
         samples = state["samples"]
     elif init_checkpoint is not None:
@@ -215,7 +223,8 @@ def main() -> None:
     def save() -> None:
         checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps,
                         {"data": batches.state_dict(), "samples": samples, "args": vars(args)},
-                        args.keep_checkpoints)
+                        args.keep_checkpoints,
+                        {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, OneBitLamb) else None)
 
     def export() -> None:
         if rank == 0:
@@ -243,6 +252,7 @@ def main() -> None:
     grad_norm = None
     data_wait = 0.0
     steps_in_window = 0
+    bytes_at_log = wire.total
     last_eval: dict = {}
     data_iter = iter(batches)
     engine.train()
@@ -275,6 +285,7 @@ def main() -> None:
         finished = signalled or out_of_time or step >= max_steps
 
         if step % args.log_every == 0 or finished:
+            bytes_sent = (wire.total - bytes_at_log) / steps_in_window  # before the metrics' own collectives
             dist.all_reduce(window)
             totals = dict(zip(window_keys, window.tolist()))
             total_flops = sum_across_ranks({"flops": flops}, device)["flops"]
@@ -288,7 +299,8 @@ def main() -> None:
                    "seq_per_s": steps_in_window * total_batch / elapsed,
                    "tokens_per_s": totals["real_tokens"] / elapsed,
                    "tflops": total_flops / elapsed / 1e12,
-                   "data_wait_s": data_wait / steps_in_window}
+                   "data_wait_s": data_wait / steps_in_window,
+                   "bytes_sent": bytes_sent}
             if totals["nsp_count"]:
                 row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
             if args.eval_every and step % args.eval_every == 0 or finished:
@@ -301,6 +313,7 @@ def main() -> None:
             window.zero_()
             flops, micro_batches, grad_norm = 0.0, 0, None
             data_wait, steps_in_window, last_log = 0.0, 0, time.time()
+            bytes_at_log = wire.total
         elif args.eval_every and step % args.eval_every == 0:
             last_eval = evaluate(engine, val_batches, device)
             metrics.log({"step": step, "samples": samples, **last_eval})

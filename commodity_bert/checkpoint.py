@@ -32,11 +32,13 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(engine, directory: Path, step: int, client_state: dict, keep: int) -> Path:
+def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank_state: dict | None = None) -> Path:
+    """`rank_state`: what differs per rank beyond the RNGs (e.g. 1-bit error buffers); DeepSpeed
+    saves the optimizer from rank 0 only."""
     tag = tag_for(step)
     rank = dist.get_rank()
     (directory / tag).mkdir(parents=True, exist_ok=True)
-    torch.save(_rng_state(), directory / tag / f"rng_rank{rank}.pt")
+    torch.save({**_rng_state(), "rank_state": rank_state or {}}, directory / tag / f"rng_rank{rank}.pt")
     # DeepSpeed's rank 0 would write `latest` before the other ranks finish their files
     engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
     dist.barrier()
@@ -59,15 +61,19 @@ def latest(directory: Path) -> str | None:
     return tag if (directory / tag).is_dir() else None
 
 
-def load(engine, directory: Path, tag: str | None = None, weights_only: bool = False) -> dict:
-    """Restore a checkpoint; returns its client state (data position, step, samples)."""
+def load(engine, directory: Path, tag: str | None = None, weights_only: bool = False) -> tuple[dict, dict]:
+    """Restore a checkpoint; returns its client state (data position, step, samples) and this
+    rank's own state."""
     path, client_state = engine.load_checkpoint(
         str(directory), tag=tag, load_optimizer_states=not weights_only,
         load_lr_scheduler_states=not weights_only, load_module_only=weights_only)
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {directory}")
+    rank_state = {}
     if not weights_only:
         rng = Path(path).parent / f"rng_rank{dist.get_rank()}.pt"
         if rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=False))
-    return client_state or {}
+            state = torch.load(rng, weights_only=False)
+            _set_rng_state(state)
+            rank_state = state.get("rank_state", {})
+    return client_state or {}, rank_state

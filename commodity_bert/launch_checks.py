@@ -67,14 +67,14 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     if not block or "type" not in block:
         raise LaunchError('the DeepSpeed config has no "optimizer": {"type": ...}; use Adam, AdamW or Lamb')
     name = optimizer_name(config)
-    if name == "onebitlamb":
-        raise LaunchError('optimizer "OneBitLamb" is not available yet (it arrives with the '
-                          'communication work); use "Lamb" meanwhile')
     if name not in DEEPSPEED_BUILT | PROJECT_OPTIMIZERS:
         raise LaunchError(f"optimizer {block['type']!r} is not supported; use Adam, AdamW or Lamb")
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
+    if name == "onebitlamb" and stage >= 1:
+        raise LaunchError(f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
+                          f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
     if name == "lamb" and stage >= 1:
         raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
                           f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")

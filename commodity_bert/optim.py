@@ -8,6 +8,9 @@ from torch import nn
 DEEPSPEED_BUILT = {"adam", "adamw"}
 PROJECT_OPTIMIZERS = {"lamb", "onebitlamb"}
 LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}
+# DeepSpeed's OneBitLamb parameter names
+ONEBIT_LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "freeze_step",
+                      "coeff_beta", "factor_max", "factor_min", "factor_threshold"}
 
 
 class Lamb(torch.optim.Optimizer):
@@ -97,4 +100,11 @@ def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
     if name == "lamb":
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}
         return Lamb(groups, **{k: v for k, v in params.items() if k in LAMB_PARAMS}), groups, config
+    if name == "onebitlamb":
+        from commodity_bert.onebit_lamb import OneBitLamb
+        config = {k: v for k, v in ds_config.items() if k != "optimizer"}
+        embeddings = [p for n, p in model.named_parameters() if n.endswith("embeddings.weight")]
+        optimizer = OneBitLamb(groups, row_masked=embeddings,
+                               **{k: v for k, v in params.items() if k in ONEBIT_LAMB_PARAMS})
+        return optimizer, groups, config
     raise ValueError(f"optimizer {block.get('type')!r} is not supported here")

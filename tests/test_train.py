@@ -156,6 +156,31 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
     assert rows(run)[0]["loss"] < fresh - 0.1
 
 
+# ---- 1-bit LAMB (freeze_step 10 in the CPU config)
+
+ONEBIT = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_onebit_lamb.json", "--model", "tiny",
+          "--log-every", 5, "--num-workers", 1]
+
+
+def test_onebit_lamb_on_three_ranks_stays_identical_and_sends_16x_less(tmp_path, data):
+    run = tmp_path / "run"
+    train(3, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 20)
+    assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True
+    sent = {r["step"]: r["bytes_sent"] for r in rows(run)}
+    assert sent[5] == sent[10] > 0                 # warmup: DeepSpeed's fp32 gradient allreduce
+    assert sent[15] == sent[20] <= sent[10] / 16   # compression: 1-bit momenta
+
+
+def test_onebit_lamb_resume_equals_uninterrupted_across_the_freeze_step(tmp_path, data):
+    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
+    train(2, *ONEBIT, "--data", data, "--output-dir", whole, "--max-steps", 20)
+    for stop in (5, 15, 20):  # resumed before the freeze (crossing it) and inside the compression stage
+        train(2, *ONEBIT, "--data", data, "--output-dir", pieces, "--max-steps", stop)
+    keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent")
+    assert [[r[k] for k in keys] for r in rows(pieces)] == [[r[k] for k in keys] for r in rows(whole)]
+    assert json.loads((pieces / "summary.json").read_text())["params_identical_across_ranks"] is True
+
+
 # ---- validation before launch: one clear line, before any step
 
 
@@ -176,7 +201,7 @@ def _refused(proc, phrase, run):
     assert not (run / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown_optimizer", "onebit", "lamb_zero1", "batch_sizes", "positions", "vocab"])
+@pytest.mark.parametrize("case", ["unknown_optimizer", "onebit_zero1", "lamb_zero1", "batch_sizes", "positions", "vocab"])
 def test_bad_configs_are_refused_before_training(tmp_path, data, case):
     run = tmp_path / "run"
     ranks, model, phrase = 1, "tiny", None
@@ -184,9 +209,10 @@ def test_bad_configs_are_refused_before_training(tmp_path, data, case):
     if case == "unknown_optimizer":
         config["optimizer"]["type"] = "Adagrad"
         phrase = "'Adagrad' is not supported"
-    elif case == "onebit":
+    elif case == "onebit_zero1":
         config["optimizer"]["type"] = "OneBitLamb"
-        phrase = "not available yet"
+        config["zero_optimization"] = {"stage": 1}
+        phrase = "OneBitLamb cannot run under ZeRO stage 1"
     elif case == "lamb_zero1":
         config["zero_optimization"] = {"stage": 1}
         phrase = "Lamb cannot run under ZeRO stage 1"

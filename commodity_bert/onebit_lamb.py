@@ -1,0 +1,172 @@
+"""1-bit LAMB (Li et al., arXiv 2104.06069), following ../ALGORITHMS.md.
+
+Written here because DeepSpeed deleted its OneBitLamb in 2026; before that it needed CUDA and
+CuPy, refused ZeRO and reset its error feedback whenever a checkpoint was loaded. This one
+runs over any torch.distributed backend (gloo, NCCL), for any world size, and its error
+buffers, frozen variance and coefficients are part of its state_dict.
+
+Warmup stage (step ≤ freeze_step): LAMB on the gradients DeepSpeed allreduced, keeping each
+tensor's running mean trust ratio. After step freeze_step the variance is frozen and the
+engine's gradient allreduce is switched off (`on_freeze`); from then on each rank updates its
+momentum from its local gradient and the momenta are averaged by the error-compensated 1-bit
+allreduce (1 bit per element instead of 16–32), with a fresh variance estimate from the
+reconstructed gradient to scale the frozen LAMB coefficient.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from commodity_bert.comm import CompressedAllreduce
+
+
+class OneBitLamb(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01,
+                 freeze_step: int = 100000, coeff_beta: float = 0.9, factor_max: float = 4.0,
+                 factor_min: float = 0.5, factor_threshold: float = 0.1, row_masked=()):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "max_coeff": max_coeff, "min_coeff": min_coeff, "coeff_beta": coeff_beta,
+                    "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold}
+        super().__init__(params, defaults)
+        self.freeze_step = freeze_step
+        self.step_count = 0
+        self.compressor: CompressedAllreduce | None = None
+        self.on_freeze: Callable[[], None] | None = None  # turns the engine's allreduce off
+        # tensors whose rows may get no gradient in warmup (position embeddings past the
+        # sequence length, tokens not seen yet): their momentum is masked to the rows seen in
+        # warmup. 1-bit quantization gives every element the same magnitude, and divided by
+        # the ~0 frozen variance of an unseen row it would be a huge step.
+        self.row_masked = {id(p) for p in row_masked}
+
+    @property
+    def frozen(self) -> bool:
+        return self.step_count >= self.freeze_step
+
+    def _params(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield group, p
+
+    @staticmethod
+    def _trust_ratio(weight_norm, update_norm, group):
+        ratio = (weight_norm / update_norm).clamp(group["min_coeff"], group["max_coeff"])
+        return torch.where((weight_norm > 0) & (update_norm > 0), ratio, torch.ones_like(ratio))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if self.frozen:
+            self._compression_step()
+        else:
+            self._warmup_step()
+        self.step_count += 1
+        if self.step_count == self.freeze_step:
+            self._freeze()
+        return loss
+
+    def _warmup_step(self) -> None:
+        for group, p in self._params():
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+                state["coeff"] = torch.ones((), device=p.device)  # running mean trust ratio
+                if id(p) in self.row_masked:
+                    # float 0/1, not bool: Optimizer.load_state_dict casts state to the param dtype
+                    state["row_seen"] = torch.zeros(p.shape[0], device=p.device)
+            beta1, beta2 = group["betas"]
+            state["exp_avg"].lerp_(g, 1 - beta1)
+            state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            if "row_seen" in state:
+                state["row_seen"].copy_(torch.maximum(state["row_seen"], g.flatten(1).ne(0).any(dim=1).float()))
+            update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
+            if group["weight_decay"]:
+                update.add_(p.float(), alpha=group["weight_decay"])
+            ratio = self._trust_ratio(p.float().norm(), update.norm(), group)
+            state["coeff"].mul_(group["coeff_beta"]).add_(ratio, alpha=1 - group["coeff_beta"])
+            p.add_((-group["lr"] * ratio * update).to(p.dtype))
+
+    def _freeze(self) -> None:
+        moments = [self.state[p]["exp_avg"] for _, p in self._params() if self.state[p]]
+        rms = [m.norm() / m.numel() ** 0.5 for m in moments]
+        mean_rms = torch.stack(rms).mean()
+        for _, p in self._params():
+            state = self.state[p]
+            if not state:
+                continue
+            m_rms = state["exp_avg"].norm() / state["exp_avg"].numel() ** 0.5
+            # one scale per chunk of the 1-bit allreduce then fits every tensor
+            state["momentum_scale"] = torch.where(m_rms > 0, mean_rms / m_rms, torch.ones_like(m_rms))
+            state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
+        self._ensure_compressor()
+        if self.on_freeze is not None:
+            self.on_freeze()
+
+    def _ensure_compressor(self) -> None:
+        if self.compressor is None:
+            tensors = [p for _, p in self._params() if self.state[p]]
+            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device)
+
+    def _compression_step(self) -> None:
+        entries = [(group, p, self.state[p]) for group, p in self._params() if self.state[p]]
+        previous = [s["exp_avg"].clone() for _, _, s in entries]
+        for group, p, state in entries:
+            beta1 = group["betas"][0]
+            g = p.grad.float() if p.grad is not None else torch.zeros_like(state["exp_avg"])
+            state["exp_avg"].lerp_(g, 1 - beta1).mul_(state["momentum_scale"])
+        flat = torch.cat([s["exp_avg"].view(-1) for _, _, s in entries])
+        self._ensure_compressor()
+        averaged = self.compressor(flat)
+        offset = 0
+        for (group, p, state), m_prev in zip(entries, previous):
+            m = state["exp_avg"]
+            m.copy_(averaged[offset: offset + m.numel()].view_as(m)).div_(state["momentum_scale"])
+            offset += m.numel()
+            if "row_seen" in state:
+                m.mul_(state["row_seen"].view(-1, *([1] * (m.dim() - 1))))
+            beta1, beta2 = group["betas"]
+            reconstructed = (m - beta1 * m_prev) / (1 - beta1)
+            state["exp_avg_sq_fresh"].mul_(beta2).addcmul_(reconstructed, reconstructed, value=1 - beta2)
+            denom_frozen = state["exp_avg_sq"].sqrt() + group["eps"]
+            update_pre = m / denom_frozen
+            update = update_pre + group["weight_decay"] * p.float() if group["weight_decay"] else update_pre
+            factor = (denom_frozen / (state["exp_avg_sq_fresh"].sqrt() + group["eps"])).max()
+            if group["weight_decay"]:
+                rho = (update_pre.norm() / update.norm()).clamp(max=1.0)
+                factor = factor * rho + (1 - rho)
+            factor = factor.clamp(group["factor_min"], group["factor_max"])
+            if "last_factor" in state:  # change at most ±factor_threshold per step
+                last = state["last_factor"]
+                factor = factor.clamp(last * (1 - group["factor_threshold"]), last * (1 + group["factor_threshold"]))
+            state["last_factor"] = factor
+            p.add_((-group["lr"] * state["coeff"] * factor * update).to(p.dtype))
+
+    # The state shared by all ranks travels with DeepSpeed's checkpoint (written by rank 0);
+    # the error buffers differ per rank and go to each rank's own file (rank_state_dict).
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["onebit"] = {"step_count": self.step_count}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        onebit = state_dict.pop("onebit", None)
+        super().load_state_dict(state_dict)
+        if onebit is None:
+            return
+        self.step_count = onebit["step_count"]
+        if self.frozen and self.on_freeze is not None:
+            self.on_freeze()
+
+    def rank_state_dict(self) -> dict:
+        return {"compressor": self.compressor.state_dict() if self.compressor else None}
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        if state.get("compressor") is not None:
+            self._ensure_compressor()
+            self.compressor.load_state_dict(state["compressor"])
