@@ -1,4 +1,6 @@
 """Sparse MLM loss vs HF's dense loss, LAMB vs a reference, the stratified rank data."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -161,3 +163,13 @@ def test_optimizer_choice_follows_the_config():
     assert opt is None and config["optimizer"]["type"] == "Lamb"
     adam = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
     assert build_optimizer(adam, model, on_cuda=False)[0] is None
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_shipped_configs_pass_the_launch_checks(path):
+    from commodity_bert.launch_checks import check_deepspeed_config, load_deepspeed_config
+    config = load_deepspeed_config(str(path))
+    for world in (1, 2, 8, 16):
+        total, micro, accumulation = check_deepspeed_config(config, world)
+        assert total == micro * accumulation * world
