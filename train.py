@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
+from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.comm import BytesCounter
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.export import export_hf_model
@@ -201,12 +202,23 @@ def main() -> None:
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
+    bucketwise = bucketwise_settings(ds_config)
+    # the project's own block is not DeepSpeed's; with bucket-wise clipping DeepSpeed neither clips
+    ds_config = {k: v for k, v in ds_config.items() if k != PROJECT_BLOCK}
+    if bucketwise:
+        ds_config["gradient_clipping"] = 0.0
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters, config=ds_config)
     if isinstance(optimizer, OneBitLamb):
         # from the freeze step on, momenta travel compressed instead of gradients
         optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
+    clipper = None
+    if bucketwise:
+        engine.enable_backward_allreduce = False
+        clipper = BucketwiseClipAllreduce(list(model.parameters()), bucketwise.get("bucket_mb", 25),
+                                          bucketwise.get("max_norm", 1.0),
+                                          lambda: float(getattr(engine.optimizer, "cur_scale", 1.0)))
     wire = BytesCounter().install()
     samples = 0
     if resuming:
@@ -264,8 +276,13 @@ def main() -> None:
             data_wait += time.perf_counter() - waited
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, stats = engine(batch)
+            boundary = micro == accumulation - 1
+            if clipper and boundary:
+                clipper.start_boundary_backward()
             engine.backward(loss)
-            if log_step and micro == accumulation - 1:
+            if clipper and boundary:
+                clipper.finish()
+            if log_step and boundary:
                 grad_norm = local_grad_norm(model)  # DeepSpeed reports none for fp32 without ZeRO
             engine.step()
             stats = {**stats, "loss": loss.detach(), "real_tokens": batch["real_tokens"]}

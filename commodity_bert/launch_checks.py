@@ -75,6 +75,13 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     if name == "onebitlamb" and stage >= 1:
         raise LaunchError(f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
                           f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+    if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
+        if stage >= 1:
+            raise LaunchError(f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
+                              f"allreduce that ZeRO turns into a reduce-scatter; use stage 0")
+        if name == "onebitlamb":
+            raise LaunchError("bucket-wise clipping and OneBitLamb both replace the gradient allreduce; "
+                              "enable one of them")
     if name == "lamb" and stage >= 1:
         raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
                           f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")
