@@ -26,7 +26,7 @@ import torch.distributed as dist
 from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
-from commodity_bert.comm import BytesCounter
+from commodity_bert.comm import BytesCounter, release_deepspeed_shm_buffer
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.export import export_hf_model
 from commodity_bert.launch_checks import (
@@ -157,6 +157,9 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo",
                                timeout=timedelta(minutes=args.dist_timeout_minutes))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if not on_cuda:
+        dist.barrier()
+        release_deepspeed_shm_buffer(rank)
 
     # ---- checks, data and model: any rank's problem stops every rank before a step runs
     problem = None

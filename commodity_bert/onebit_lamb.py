@@ -25,12 +25,14 @@ class OneBitLamb(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01,
                  freeze_step: int = 100000, coeff_beta: float = 0.9, factor_max: float = 4.0,
-                 factor_min: float = 0.5, factor_threshold: float = 0.1, row_masked=()):
+                 factor_min: float = 0.5, factor_threshold: float = 0.1, scale_block: int | None = 256,
+                 row_masked=()):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                     "max_coeff": max_coeff, "min_coeff": min_coeff, "coeff_beta": coeff_beta,
                     "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold}
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
+        self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (comm.py)
         self.step_count = 0
         self.compressor: CompressedAllreduce | None = None
         self.on_freeze: Callable[[], None] | None = None  # turns the engine's allreduce off
@@ -110,7 +112,8 @@ class OneBitLamb(torch.optim.Optimizer):
     def _ensure_compressor(self) -> None:
         if self.compressor is None:
             tensors = [p for _, p in self._params() if self.state[p]]
-            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device)
+            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device,
+                                                  scale_block=self.scale_block)
 
     def _compression_step(self) -> None:
         entries = [(group, p, self.state[p]) for group, p in self._params() if self.state[p]]
@@ -140,9 +143,9 @@ class OneBitLamb(torch.optim.Optimizer):
                 rho = (update_pre.norm() / update.norm()).clamp(max=1.0)
                 factor = factor * rho + (1 - rho)
             factor = factor.clamp(group["factor_min"], group["factor_max"])
-            if "last_factor" in state:  # change at most ±factor_threshold per step
-                last = state["last_factor"]
-                factor = factor.clamp(last * (1 - group["factor_threshold"]), last * (1 + group["factor_threshold"]))
+            # change at most ±factor_threshold per step, starting from 1 at the freeze
+            last = state.get("last_factor", torch.ones_like(factor))
+            factor = factor.clamp(last * (1 - group["factor_threshold"]), last * (1 + group["factor_threshold"]))
             state["last_factor"] = factor
             p.add_((-group["lr"] * state["coeff"] * factor * update).to(p.dtype))
 

@@ -1,0 +1,266 @@
+"""A multi-host test cluster on one Linux machine: network namespaces as hosts.
+
+Each host is a network namespace with one interface, `eth0`, on a private /24, joined to the
+others by a bridge that lives in a namespace of its own (a "switch"), so nothing in the
+machine's own network namespace changes. Each host runs an sshd on its own address with a
+generated key; `bin/ssh` (put it first on PATH) is ssh with the cluster's config, so
+DeepSpeed's pdsh launcher, `mpirun` and plain `ssh node1` reach the hosts by name. Links can
+be limited (`tc`: rate, delay) to model a cluster's Ethernet.
+
+The file system is shared (only the network is separate), like an NFS home on a real cluster.
+Only addresses of hosts this module created are contacted.
+
+    sudo python tools/netns_cluster.py up --hosts 2 --slots 1 --rate 1gbit --dir /tmp/cluster
+    sudo ip netns exec cb0-node1 env PATH=/tmp/cluster/bin:$PATH DS_ENV_FILE=/tmp/cluster/deepspeed_env \\
+        deepspeed --hostfile /tmp/cluster/hostfile train.py ...
+    sudo python tools/netns_cluster.py down --dir /tmp/cluster
+
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN), iproute2, openssh-server and openssh-client.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUBNET_BASE = "10.213"  # 10.213.<cluster index>.<host index + 1>
+
+
+class ClusterUnavailable(RuntimeError):
+    """This machine cannot host a namespace cluster (not root, tools missing)."""
+
+
+def _run(*cmd: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, text=True, capture_output=capture)
+
+
+def unavailable_reason() -> str | None:
+    """Why a cluster cannot be built here, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root for network namespaces (ip netns), tc and sshd"
+    for tool in ("ip", "tc", "sshd", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            return f"needs {tool} (Debian: iproute2, openssh-server, openssh-client)"
+    probe = f"cbprobe{os.getpid()}"
+    if _run("ip", "netns", "add", probe, check=False, capture=True).returncode:
+        return "cannot create network namespaces here (ip netns add failed)"
+    _run("ip", "netns", "del", probe, check=False, capture=True)
+    return None
+
+
+@dataclass
+class Cluster:
+    directory: Path
+    hosts: list[str]
+    addresses: list[str]
+    slots: int
+    index: int
+    namespaces: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ use
+    @property
+    def hostfile(self) -> Path:
+        return self.directory / "hostfile"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for commands that launch onto the cluster."""
+        env = dict(os.environ)
+        env["PATH"] = f"{self.directory / 'bin'}:{env.get('PATH', '')}"
+        env["DS_ENV_FILE"] = str(self.directory / "deepspeed_env")
+        env["GLOO_SOCKET_IFNAME"] = "eth0"
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        return env
+
+    def exec_prefix(self, host: int) -> list[str]:
+        """Command prefix that runs a program on host `host` (0-based): in its network namespace
+        and in a UTS namespace with its own host name (MPI tells hosts apart by name)."""
+        return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.hosts[host]]
+
+    def popen(self, host: int, cmd: list[str], **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", self.env)
+        return subprocess.Popen(self.exec_prefix(host) + cmd, **kwargs)
+
+    def tx_bytes(self, host: int) -> int:
+        """Bytes host `host` has sent on eth0 (the interface's own counter)."""
+        out = _run(*self.exec_prefix(host), "cat", "/sys/class/net/eth0/statistics/tx_bytes", capture=True)
+        return int(out.stdout)
+
+    def pids(self, host: int) -> list[int]:
+        out = _run("ip", "netns", "pids", self.namespaces[host], check=False, capture=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def kill_host_processes(self, host: int, match: str) -> list[int]:
+        """SIGKILL the processes on `host` whose command line contains `match`: a node dying."""
+        killed = []
+        for pid in self.pids(host):
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if match in cmdline:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return killed
+
+    def set_link(self, rate: str | None = None, delay: str | None = None) -> None:
+        """Limit every host's egress on eth0 (rate like '1gbit', delay like '0.2ms')."""
+        for host in range(len(self.hosts)):
+            prefix = self.exec_prefix(host)
+            _run(*prefix, "tc", "qdisc", "del", "dev", "eth0", "root", check=False, capture=True)
+            if not rate and not delay:
+                continue
+            netem = ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem"]
+            if delay:
+                netem += ["delay", delay]
+            if rate:
+                netem += ["rate", rate, "limit", "100000"]
+            _run(*prefix, *netem, capture=True)
+
+    # ------------------------------------------------------------------ build / tear down
+    @classmethod
+    def up(cls, directory: Path, hosts: int, slots: int = 1, rate: str | None = None,
+           delay: str | None = None) -> Cluster:
+        reason = unavailable_reason()
+        if reason:
+            raise ClusterUnavailable(reason)
+        directory = Path(directory).resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        index = _free_index()
+        names = [f"node{i + 1}" for i in range(hosts)]
+        addresses = [f"{SUBNET_BASE}.{index}.{i + 1}" for i in range(hosts)]
+        cluster = cls(directory, names, addresses, slots, index)
+        (directory / "cluster.json").write_text(json.dumps(
+            {"index": index, "hosts": names, "addresses": addresses, "slots": slots}))
+        try:
+            cluster._build_network()
+            cluster.set_link(rate, delay)
+            cluster._start_sshds()
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def _build_network(self) -> None:
+        switch = f"cb{self.index}-switch"
+        _run("ip", "netns", "add", switch)
+        self.namespaces.append(switch)
+        _run("ip", "-n", switch, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", switch, "link", "set", "br0", "up")
+        for i, address in enumerate(self.addresses):
+            ns = f"cb{self.index}-{self.hosts[i]}"
+            _run("ip", "netns", "add", ns)
+            self.namespaces.insert(i, ns)
+            port = f"p{i + 1}"
+            # create the pair inside the switch, then move one end into the host as eth0
+            _run("ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _run("ip", "-n", switch, "link", "set", port, "master", "br0")
+            _run("ip", "-n", switch, "link", "set", port, "up")
+            _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+            _run("ip", "-n", ns, "link", "set", "eth0", "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+        for i in range(len(self.hosts)):  # the links are up once every host answers
+            target = self.addresses[(i + 1) % len(self.hosts)]
+            for _ in range(50):
+                if not _run(*self.exec_prefix(i), "ping", "-c1", "-W1", target, check=False,
+                            capture=True).returncode:
+                    break
+                time.sleep(0.1)
+
+    def _start_sshds(self) -> None:
+        d = self.directory
+        for key in ("host_key", "client_key"):
+            if not (d / key).exists():
+                _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key), capture=True)
+        (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        for i, address in enumerate(self.addresses):
+            config = d / f"sshd_{self.hosts[i]}.conf"
+            config.write_text("\n".join([
+                f"ListenAddress {address}", f"HostKey {d / 'host_key'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}", f"PidFile {d / f'sshd_{self.hosts[i]}.pid'}",
+                "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+                "AcceptEnv *", "MaxStartups 100", "MaxSessions 100", ""]))
+            _run(*self.exec_prefix(i), sshd, "-f", str(config))  # ssh sessions inherit the host name
+        ssh_config = [f"Host {host}\n  HostName {address}\n  User root\n  IdentityFile {d / 'client_key'}\n"
+                      "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n"
+                      "  LogLevel ERROR\n  ConnectTimeout 10\n"
+                      for host, address in zip(self.hosts, self.addresses)]
+        (d / "ssh_config").write_text("".join(ssh_config))
+        (d / "bin").mkdir(exist_ok=True)
+        wrapper = d / "bin" / "ssh"
+        real_ssh = shutil.which("ssh", path="/usr/bin:/bin:/usr/local/bin") or "/usr/bin/ssh"
+        wrapper.write_text(f'#!/bin/sh\nexec {real_ssh} -F {d / "ssh_config"} "$@"\n')
+        wrapper.chmod(0o755)
+        # DeepSpeed exports this file's variables to remote ranks; no trailing newline, because
+        # the launcher keeps it in the value (harmless for pdsh, fatal in mpirun's -x)
+        (d / "deepspeed_env").write_text("GLOO_SOCKET_IFNAME=eth0")
+        self.hostfile.write_text("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
+        for host in self.hosts:  # every sshd answers before anyone launches
+            for _ in range(50):
+                if not _run(*self.exec_prefix(0), str(wrapper), host, "true", check=False, capture=True).returncode:
+                    break
+                time.sleep(0.2)
+            else:
+                raise RuntimeError(f"sshd on {host} does not answer")
+
+    def down(self) -> None:
+        for ns in self.namespaces:
+            for pid in _run("ip", "netns", "pids", ns, check=False, capture=True).stdout.split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for ns in self.namespaces:
+            _run("ip", "netns", "del", ns, check=False, capture=True)
+        self.namespaces.clear()
+
+    @classmethod
+    def load(cls, directory: Path) -> Cluster:
+        info = json.loads((Path(directory) / "cluster.json").read_text())
+        cluster = cls(Path(directory).resolve(), info["hosts"], info["addresses"], info["slots"], info["index"])
+        cluster.namespaces = [f"cb{info['index']}-{h}" for h in info["hosts"]] + [f"cb{info['index']}-switch"]
+        return cluster
+
+
+def _free_index() -> int:
+    existing = set(_run("ip", "netns", "list", capture=True).stdout.split())
+    for index in range(1, 250):
+        if f"cb{index}-switch" not in existing:
+            return index
+    raise RuntimeError("no free cluster index (250 clusters up?)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="bring a cluster up")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--slots", type=int, default=1)
+    up.add_argument("--rate", help="link rate per host, e.g. 1gbit")
+    up.add_argument("--delay", help="one-way delay per host, e.g. 0.1ms")
+    up.add_argument("--dir", required=True)
+    down = sub.add_parser("down", help="tear a cluster down")
+    down.add_argument("--dir", required=True)
+    args = parser.parse_args()
+    try:
+        if args.command == "up":
+            cluster = Cluster.up(Path(args.dir), args.hosts, args.slots, args.rate, args.delay)
+            print(f"hosts: {', '.join(f'{h} ({a})' for h, a in zip(cluster.hosts, cluster.addresses))}")
+            print(f"hostfile: {cluster.hostfile}; run on node1: ip netns exec {cluster.namespaces[0]} ...")
+        else:
+            Cluster.load(Path(args.dir)).down()
+    except (ClusterUnavailable, subprocess.CalledProcessError, RuntimeError) as exc:
+        print(f"netns_cluster: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
