@@ -14,8 +14,10 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -230,6 +232,8 @@ def main() -> None:
             optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
         batches.load_state_dict(state["data"])
         samples = state["samples"]
+        if rank == 0:
+            print(f"resuming from {resume_dir} at step {engine.global_steps}", flush=True)
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
     lowercase = manifest["vocab"].get("lowercase", True)
@@ -347,10 +351,13 @@ def main() -> None:
                       flush=True)
             break
     identical = parameters_identical_across_ranks(model, device)
+    hosts = [None] * world  # which machine each rank ran on, for the record
+    dist.all_gather_object(hosts, socket.gethostname())
     export()
     if rank == 0:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": time.time() - started,
-                   "world_size": world, "params_identical_across_ranks": identical, **last_eval}
+                   "world_size": world, "hosts": hosts, "params_identical_across_ranks": identical,
+                   **last_eval}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: {json.dumps(summary)}", flush=True)
     metrics.close()
@@ -358,4 +365,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:
+        # A collective that failed (a peer died) must end this rank now: a normal exit would
+        # join the data-loader workers, which wait on their queues for ever.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

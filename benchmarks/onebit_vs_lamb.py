@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 
 
-def variant_configs(steps: int) -> dict[str, dict]:
+def variant_configs(steps: int, lr: float) -> dict[str, dict]:
     lamb = json.loads(BASE_CONFIG.read_text())
+    lamb["optimizer"]["params"]["lr"] = lamb["scheduler"]["params"]["warmup_max_lr"] = lr
     lamb["scheduler"]["params"]["total_num_steps"] = steps
     lamb["scheduler"]["params"]["warmup_num_steps"] = max(1, steps // 10)
     onebit = json.loads(json.dumps(lamb))
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--model", default="mini")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.005, help="peak lr (0.01 spiked on mini at step 100)")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--work", help="directory for data and runs (default: a temporary one)")
     parser.add_argument("--json", help="write the results here")
@@ -68,7 +70,7 @@ def main() -> None:
          "--output", str(data), "--seq-len", "128", "--dupe-factor", "1", "--num-shards", "4",
          "--val-fraction", "0.05"])
     results = []
-    for name, config in variant_configs(args.steps).items():
+    for name, config in variant_configs(args.steps, args.lr).items():
         config_path = work / f"{name}.json"
         config_path.write_text(json.dumps(config))
         out = work / name

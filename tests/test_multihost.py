@@ -1,0 +1,146 @@
+"""Multi-host runs for real: network namespaces as hosts (tools/netns_cluster.py), each with its
+own address and sshd, launched through every DeepSpeed launcher. Needs root; skips otherwise."""
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+sys.path.insert(0, str(REPO))
+from tools.netns_cluster import Cluster, unavailable_reason
+
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"multi-host tests: {reason}")
+    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=2, slots=1)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, sotu_small):
+    out = tmp_path_factory.mktemp("multihost") / "seq64"
+    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
+            "--val-fraction", 0.05, "--workers", 2, "--output", out)
+    return out
+
+
+def train_args(data, run, steps=STEPS, *extra):
+    return ["train.py", "--deepspeed_config", str(CONFIG), "--data", str(data), "--model", "tiny",
+            "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "5", "--num-workers", "1",
+            "--dist-timeout-minutes", "1", *map(str, extra)]
+
+
+def check(proc: subprocess.CompletedProcess, what: str) -> None:
+    if proc.returncode != 0:
+        raise AssertionError(f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+
+
+def losses(run: Path) -> list[tuple]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["mlm_acc"], r["grad_norm"]) for r in rows if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def one_host_run(tmp_path_factory, data):
+    """The reference: the same 2 ranks and global batch on one host."""
+    run = tmp_path_factory.mktemp("one_host") / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([DEEPSPEED, "--num_gpus", "2", "--master_port", str(port), *train_args(data, run)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    check(proc, "one-host run")
+    return run
+
+
+def assert_same_run_on_two_hosts(run: Path, one_host_run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["hosts"] == ["node1", "node2"]        # one rank per host, really
+    assert summary["params_identical_across_ranks"]
+    two, one = losses(run), losses(one_host_run)
+    assert [r[0] for r in two] == [5, 10]
+    for a, b in zip(two, one):                            # same global batch → same losses
+        assert a[1:] == pytest.approx(b[1:], rel=1e-5, abs=1e-6)
+
+
+def launch(cluster, *args, timeout=600) -> subprocess.CompletedProcess:
+    """`deepspeed --hostfile` on node1, as a user logged into the first node would type it."""
+    return subprocess.run([*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), *args],
+                          cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
+def test_pdsh_launcher_on_two_hosts(cluster, data, one_host_run, tmp_path):
+    run = tmp_path / "run"
+    proc = launch(cluster, "--master_port", "29612", *train_args(data, run))
+    check(proc, "pdsh launch")
+    assert "node2:" in proc.stdout                        # pdsh prefixes the remote host's output
+    assert_same_run_on_two_hosts(run, one_host_run)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (Debian: openmpi-bin, libopenmpi-dev)")
+def test_openmpi_launcher_on_two_hosts(cluster, data, one_host_run, tmp_path):
+    pytest.importorskip("mpi4py", reason="needs mpi4py (pip install .[mpi])")
+    run = tmp_path / "run"
+    proc = launch(cluster, "--launcher", "openmpi", "--master_port", "29613", *train_args(data, run))
+    check(proc, "openmpi launch")
+    assert "cmd = mpirun" in proc.stdout + proc.stderr  # ranks started by mpirun, found through mpi4py
+    assert_same_run_on_two_hosts(run, one_host_run)
+
+
+def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
+    run = tmp_path / "run"
+    nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(cluster.hostfile), "--no_ssh", "--node_rank", str(i),
+                               "--master_addr", cluster.addresses[0], "--master_port", "29614",
+                               *train_args(data, run)],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert_same_run_on_two_hosts(run, one_host_run)
+
+
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
+def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
+    run = tmp_path / "run"
+    command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",
+               *train_args(data, run, 40, "--save-every", 4)]
+    launcher = subprocess.Popen(command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while not (latest.exists() and latest.read_text() >= "step_00000008") and time.time() < deadline:
+        assert launcher.poll() is None, launcher.stdout.read()[-4000:]
+        time.sleep(0.5)
+    killed = cluster.kill_host_processes(1, "train.py")   # node2 dies
+    assert killed
+    died_at = time.time()
+    output = launcher.communicate(timeout=180)[0]
+    failed_after = time.time() - died_at
+    assert launcher.returncode != 0
+    assert failed_after < 90, f"node1 took {failed_after:.0f} s to notice"  # not a 30-minute hang
+    saved = int(latest.read_text().removeprefix("step_"))
+    assert saved >= 8, output[-3000:]
+
+    proc = subprocess.run(command, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600,
+                          check=False)                  # the same command, once the node is back
+    check(proc, "relaunch")
+    assert f"resuming from {run / 'checkpoints'} at step {saved}" in proc.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["step"] == 40 and summary["hosts"] == ["node1", "node2"]
