@@ -367,7 +367,7 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure, reported with its traceback
         # A collective that failed (a peer died) must end this rank now: a normal exit would
         # join the data-loader workers, which wait on their queues for ever.
         traceback.print_exc()

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Create (or reuse) a virtual environment with this project and its test tools.
 #   VENV         where (default: .venv in the repository)
+#   EXTRAS       the project's extras (default: test, plus mpi where Open MPI is installed)
 #   TORCH_SPEC   which torch to install when the environment has none (default torch==2.13.0;
 #                on a CPU-only machine pick a CPU build, on GPUs the CUDA build you need)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-test$(command -v ompi_info >/dev/null && echo ,mpi)}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --quiet --disable-pip-version-check"
 $PIP install --upgrade pip setuptools wheel
 # torch first: a bare `torch` requirement would pull the newest CUDA build (GBs)
 "$VENV/bin/python" -c "import torch" 2>/dev/null || $PIP install "$TORCH_SPEC"
 # --no-build-isolation: DeepSpeed's build must see the torch installed above
-$PIP install --no-build-isolation -e ".[test]"
+$PIP install --no-build-isolation -e ".[$EXTRAS]"
 "$VENV/bin/python" -c "import torch, deepspeed, transformers, h5py; print(f'environment ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}')"

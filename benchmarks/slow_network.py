@@ -1,0 +1,166 @@
+"""Step time, throughput and bytes on the wire across 1, 2 and 4 hosts, on unlimited and
+rate-limited links, for LAMB, 1-bit LAMB and LAMB with bucket-wise clipping.
+
+Hosts are network namespaces on this machine (tools/netns_cluster.py, needs root), one rank
+each, launched through DeepSpeed's pdsh launcher from node1. Each host's egress is limited by
+`tc` to the given rate, as a NIC would be. Bytes per step are read two ways and compared: from
+the training metrics (`bytes_sent`, what rank 0's collectives sent) and from node1's eth0
+counter (everything that left the host, TCP/IP headers included), sampled as each metrics row
+appears. Weak scaling: the micro-batch per rank is fixed, so the global batch grows with hosts.
+
+The defaults model a GPU cluster's balance on a CPU: a big model (BERT-base's gradients, 440 MB
+in fp32) with a small micro-batch, so that communication, not compute, dominates at 1 Gbit/s.
+All hosts share this machine's cores, so compute slows as hosts are added; the table gives
+the compute-only step time of each setting (unlimited link) beside the limited one.
+
+    sudo python benchmarks/slow_network.py [--hosts 1 2 4] [--rates unlimited 1gbit]
+        [--variants lamb onebit_lamb lamb_bucketwise_clip] [--model base] [--steps 12]
+        [--work DIR] [--json OUT] [--markdown OUT.md] [--plot OUT.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tools.netns_cluster import Cluster, unavailable_reason  # noqa: E402
+
+BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+
+
+def variant_config(variant: str, micro_batch: int, steps: int, freeze_step: int) -> dict:
+    config = json.loads(BASE_CONFIG.read_text())
+    config["train_micro_batch_size_per_gpu"] = micro_batch
+    config["scheduler"]["params"].update(total_num_steps=10 * steps, warmup_num_steps=steps)
+    if variant == "onebit_lamb":
+        config["optimizer"]["type"] = "OneBitLamb"
+        config["optimizer"]["params"].pop("bias_correction", None)
+        config["optimizer"]["params"]["freeze_step"] = freeze_step
+    elif variant == "lamb_bucketwise_clip":
+        config["commodity_bert"] = {"bucketwise_clipping": {"enabled": True, "bucket_mb": 25,
+                                                            "max_norm": config["gradient_clipping"]}}
+    return config
+
+
+def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) -> dict:
+    config_path = work / f"{variant}.json"
+    config_path.write_text(json.dumps(variant_config(variant, args.micro_batch, args.steps, args.freeze_step)))
+    run = work / f"{variant}_{len(cluster.hosts)}hosts_{args.current_rate}"
+    cmd = [*cluster.exec_prefix(0), str(Path(sys.executable).parent / "deepspeed"), "--hostfile",
+           str(cluster.hostfile), "--master_port", "29700", "train.py", "--deepspeed_config", str(config_path),
+           "--data", str(data), "--model", args.model, "--output-dir", str(run), "--max-steps", str(args.steps),
+           "--log-every", "1", "--eval-every", "0", "--save-every", "0", "--save-every-minutes", "0",
+           "--num-workers", "1", "--resume", "none", "--dist-timeout-minutes", "5"]
+    log = open(work / f"{run.name}.log", "w")  # noqa: SIM115 - the launcher writes to it while we poll
+    proc = subprocess.Popen(cmd, cwd=REPO, env=cluster.env, stdout=log, stderr=subprocess.STDOUT)
+    metrics, samples = run / "metrics.jsonl", {}  # step → node1's eth0 tx bytes when its row appeared
+    while proc.poll() is None:
+        if metrics.exists():
+            for line in metrics.read_text().splitlines():
+                step = json.loads(line)["step"]
+                if step not in samples:
+                    samples[step] = cluster.tx_bytes(0)
+        time.sleep(0.05)
+    log.close()
+    if proc.returncode:
+        raise SystemExit(f"{variant} on {len(cluster.hosts)} hosts failed; see {log.name}")
+    rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
+    first = args.freeze_step + 2 if variant == "onebit_lamb" else 3  # steady state: after the freeze
+    steady = [s for s in sorted(rows) if s >= first and s - 1 in samples and s in samples]
+    total_batch = args.micro_batch * len(cluster.hosts)
+    return {
+        "variant": variant, "hosts": len(cluster.hosts), "link": args.current_rate,
+        "step_s": statistics.median(total_batch / rows[s]["seq_per_s"] for s in steady),
+        "seq_per_s": statistics.median(rows[s]["seq_per_s"] for s in steady),
+        "bytes_metrics": statistics.median(rows[s]["bytes_sent"] for s in steady),
+        "bytes_interface": statistics.median(samples[s] - samples[s - 1] for s in steady),
+        "steady_steps": len(steady),
+    }
+
+
+def table(results: list[dict]) -> str:
+    base = {(r["variant"], r["link"]): r["seq_per_s"] for r in results if r["hosts"] == 1}
+    lines = ["| hosts | link | variant | step s | seq/s | weak-scaling eff. | bytes/step (metrics) "
+             "| bytes/step (eth0) | eth0 / metrics |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        one = base.get((r["variant"], r["link"]))
+        efficiency = f"{r['seq_per_s'] / (r['hosts'] * one):.0%}" if one else "-"
+        ratio = f"{r['bytes_interface'] / r['bytes_metrics']:.3f}" if r["bytes_metrics"] else "-"
+        lines.append(f"| {r['hosts']} | {r['link']} | {r['variant']} | {r['step_s']:.2f} | {r['seq_per_s']:.2f} "
+                     f"| {efficiency} | {r['bytes_metrics']:,.0f} | {r['bytes_interface']:,.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    links = sorted({r["link"] for r in results})
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 4), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        for variant in sorted({r["variant"] for r in results}):
+            points = sorted((r["hosts"], r["step_s"]) for r in results if r["link"] == link and r["variant"] == variant)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=variant)
+        ax.set(title=f"link: {link}", xlabel="hosts (1 rank each)", ylabel="step time (s)")
+        ax.set_xticks(sorted({r["hosts"] for r in results}))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--rates", nargs="+", default=["unlimited", "1gbit"])
+    parser.add_argument("--variants", nargs="+", default=["lamb", "onebit_lamb", "lamb_bucketwise_clip"])
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--freeze-step", type=int, default=4)
+    parser.add_argument("--work", help="directory for data, logs and runs (default: a temporary one)")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"slow_network.py: {reason}")
+    work = Path(args.work or tempfile.mkdtemp(prefix="slow_network_")).resolve()
+    data = work / "seq128"
+    if not (data / "manifest.json").exists():
+        subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
+                        "--dupe-factor", "1", "--num-shards", "8", "--val-fraction", "0.01", "--output", str(data)],
+                       cwd=REPO, check=True)
+    results = []
+    for rate in args.rates:
+        for hosts in args.hosts:
+            cluster = Cluster.up(work / f"cluster_{hosts}_{rate}", hosts, slots=1,
+                                 rate=None if rate == "unlimited" else rate)
+            try:
+                args.current_rate = rate
+                for variant in args.variants:
+                    results.append(run_variant(cluster, data, work, variant, args))
+                    print(json.dumps(results[-1]), flush=True)
+            finally:
+                cluster.down()
+    print(f"\n{args.model} model, seq 128, micro-batch {args.micro_batch} per rank, 1 rank per host, "
+          f"{args.steps} steps (1-bit LAMB freezes at {args.freeze_step}); medians of the steady steps\n")
+    print(table(results))
+    if args.markdown:
+        Path(args.markdown).write_text(table(results) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "current_rate"},
+                                               "results": results}, indent=1))
+    if args.plot:
+        plot(results, Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()
