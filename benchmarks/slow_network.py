@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tools.netns_cluster import Cluster, unavailable_reason  # noqa: E402
+from tools.netns_cluster import Cluster, unavailable_reason
 
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 
@@ -87,8 +87,9 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) ->
 
 def table(results: list[dict]) -> str:
     base = {(r["variant"], r["link"]): r["seq_per_s"] for r in results if r["hosts"] == 1}
-    lines = ["| hosts | link | variant | step s | seq/s | weak-scaling eff. | bytes/step (metrics) "
-             "| bytes/step (eth0) | eth0 / metrics |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    header = ("| hosts | link | variant | step s | seq/s | weak-scaling eff. | bytes/step (metrics) "
+              "| bytes/step (eth0) | eth0 / metrics |")
+    lines = [header, "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         one = base.get((r["variant"], r["link"]))
         efficiency = f"{r['seq_per_s'] / (r['hosts'] * one):.0%}" if one else "-"

@@ -111,18 +111,22 @@ class Cluster:
         return killed
 
     def set_link(self, rate: str | None = None, delay: str | None = None) -> None:
-        """Limit every host's egress on eth0 (rate like '1gbit', delay like '0.2ms')."""
+        """Limit every host's egress on eth0, as its NIC would: rate like '1gbit' (a token bucket,
+        tbf), delay like '0.2ms' (netem, where the kernel has it)."""
         for host in range(len(self.hosts)):
             prefix = self.exec_prefix(host)
             _run(*prefix, "tc", "qdisc", "del", "dev", "eth0", "root", check=False, capture=True)
-            if not rate and not delay:
-                continue
-            netem = ["tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem"]
+            parent = ["root"]
             if delay:
-                netem += ["delay", delay]
+                out = _run(*prefix, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem",
+                           "delay", delay, check=False, capture=True)
+                if out.returncode:
+                    raise RuntimeError(f"link delay needs the kernel's netem qdisc: {out.stderr.strip()}")
+                parent = ["parent", "1:1"]
             if rate:
-                netem += ["rate", rate, "limit", "100000"]
-            _run(*prefix, *netem, capture=True)
+                # burst: enough tokens for 1 ms at the rate, at least 64 KiB; queue up to 50 ms
+                _run(*prefix, "tc", "qdisc", "add", "dev", "eth0", *parent, "handle", "10:", "tbf", "rate", rate,
+                     "burst", "256kb", "latency", "50ms", capture=True)
 
     # ------------------------------------------------------------------ build / tear down
     @classmethod
