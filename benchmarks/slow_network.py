@@ -29,23 +29,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from tools.netns_cluster import Cluster, unavailable_reason
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
+from onebit_vs_lamb import variant_configs
 
-BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+from tools.netns_cluster import Cluster, unavailable_reason
 
 
 def variant_config(variant: str, micro_batch: int, steps: int, freeze_step: int) -> dict:
-    config = json.loads(BASE_CONFIG.read_text())
+    """The accuracy benchmark's variant, with this benchmark's micro-batch and freeze step."""
+    config = variant_configs(10 * steps, lr=0.005)[variant]  # long schedule: lr stays near its peak
     config["train_micro_batch_size_per_gpu"] = micro_batch
-    config["scheduler"]["params"].update(total_num_steps=10 * steps, warmup_num_steps=steps)
+    config["scheduler"]["params"]["warmup_num_steps"] = steps
     if variant == "onebit_lamb":
-        config["optimizer"]["type"] = "OneBitLamb"
-        config["optimizer"]["params"].pop("bias_correction", None)
         config["optimizer"]["params"]["freeze_step"] = freeze_step
-    elif variant == "lamb_bucketwise_clip":
-        config["commodity_bert"] = {"bucketwise_clipping": {"enabled": True, "bucket_mb": 25,
-                                                            "max_norm": config["gradient_clipping"]}}
+    if variant == "lamb_bucketwise_clip":
+        config["commodity_bert"]["bucketwise_clipping"]["bucket_mb"] = 25  # DeepSpeed's bucket size
     return config
 
 

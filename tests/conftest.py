@@ -1,6 +1,7 @@
 import hashlib
 import json
 import lzma
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,12 @@ def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedPro
         raise AssertionError(f"bert-data-prep {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def shard_checksums(data_dir: Path) -> dict[str, str]:
@@ -65,3 +72,12 @@ def shared_corpus(name: str) -> Path:
 
 def load_manifest(data_dir: Path) -> dict:
     return json.loads((data_dir / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def train_data(tmp_path_factory, sotu_small) -> Path:
+    """Small seq-64 shards with a validation split, for the training runs."""
+    out = tmp_path_factory.mktemp("train_data") / "seq64"
+    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
+            "--val-fraction", 0.05, "--workers", 2, "--output", out)
+    return out

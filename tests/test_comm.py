@@ -1,11 +1,11 @@
 """The 1-bit allreduce and the byte counter, on 2 and 3 real gloo ranks."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import free_port
 
 from commodity_bert.comm import BytesCounter, CompressedAllreduce, pack_signs, unpack_signs
 
@@ -17,12 +17,6 @@ def test_pack_signs_round_trip():
     assert packed.dtype == torch.uint8 and packed.numel() == x.numel() // 8
     signs = unpack_signs(packed)
     assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, results):
@@ -67,7 +61,7 @@ def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, r
 def test_error_feedback_makes_the_running_average_exact(world, scale_block):
     numel, steps = 10_001, 300  # not a multiple of 8·world nor of the block: padding is exercised
     results = mp.Manager().dict()
-    mp.spawn(_compressed_allreduce_worker, args=(world, _free_port(), numel, steps, scale_block, results),
+    mp.spawn(_compressed_allreduce_worker, args=(world, free_port(), numel, steps, scale_block, results),
              nprocs=world)
     for rank in range(world):
         errors, compressed, plain, small_error = results[rank]
@@ -125,7 +119,7 @@ def _bucketwise_worker(rank, world, port, results):
 @pytest.mark.parametrize("world", [2, 3])
 def test_bucketwise_clipping_before_allreduce(world):
     results = mp.Manager().dict()
-    mp.spawn(_bucketwise_worker, args=(world, _free_port(), results), nprocs=world)
+    mp.spawn(_bucketwise_worker, args=(world, free_port(), results), nprocs=world)
     for rank in range(world):
         buckets, matches, norm, launched = results[rank]
         assert buckets >= 3

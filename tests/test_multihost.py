@@ -2,14 +2,13 @@
 own address and sshd, launched through every DeepSpeed launcher. Needs root; skips otherwise."""
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, free_port
 
 sys.path.insert(0, str(REPO))
 from tools.netns_cluster import Cluster, unavailable_reason
@@ -32,11 +31,8 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, sotu_small):
-    out = tmp_path_factory.mktemp("multihost") / "seq64"
-    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
-            "--val-fraction", 0.05, "--workers", 2, "--output", out)
-    return out
+def data(train_data):
+    return train_data
 
 
 def train_args(data, run, steps=STEPS, *extra):
@@ -59,10 +55,7 @@ def losses(run: Path) -> list[tuple]:
 def one_host_run(tmp_path_factory, data):
     """The reference: the same 2 ranks and global batch on one host."""
     run = tmp_path_factory.mktemp("one_host") / "run"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([DEEPSPEED, "--num_gpus", "2", "--master_port", str(port), *train_args(data, run)],
+    proc = subprocess.run([DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), *train_args(data, run)],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     check(proc, "one-host run")
     return run

@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -10,16 +9,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, free_port
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_cmd(ranks: int, *args) -> list[str]:
@@ -39,11 +32,8 @@ def rows(run):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, sotu_small):
-    out = tmp_path_factory.mktemp("train") / "seq64"
-    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
-            "--val-fraction", 0.05, "--workers", 2, "--output", out)
-    return out
+def data(train_data):
+    return train_data
 
 
 COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
