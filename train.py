@@ -43,8 +43,8 @@ from commodity_bert.model import (
     PretrainingModel,
     build_config,
     build_model,
+    executed_training_flops,
     load_pretrained,
-    training_flops,
 )
 from commodity_bert.onebit_lamb import OneBitLamb
 from commodity_bert.optim import build_optimizer
@@ -258,7 +258,7 @@ def main() -> None:
         (run_dir / "run_config.json").write_text(json.dumps(
             {"args": vars(args), "deepspeed_config": ds_config, "world_size": world,
              "model_config": model_config.to_dict()}, indent=1, default=str))
-    metrics = MetricsLogger(run_dir, enabled=rank == 0)
+    metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps)
     stop = StopRequest()
 
     # ---- the loop
@@ -281,6 +281,7 @@ def main() -> None:
             waited = time.perf_counter()
             batch = next(data_iter)
             data_wait += time.perf_counter() - waited
+            flops += executed_training_flops(model_config, batch)  # from the host copy: no device sync
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, stats = engine(batch)
             boundary = micro == accumulation - 1
@@ -296,8 +297,6 @@ def main() -> None:
             window += torch.stack([stats[k].double() if k in stats else window.new_zeros(())
                                    for k in window_keys])
             micro_batches += 1
-            flops += training_flops(model_config, batch["input_ids"].numel(), batch["input_ids"].shape[1],
-                                    int(batch["masked_index"].numel()), batch["input_ids"].shape[0])
         samples += total_batch
         steps_in_window += 1
         step = engine.global_steps

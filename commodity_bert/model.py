@@ -1,19 +1,33 @@
-"""The model: a Hugging Face BERT with SDPA attention and a sparse masked-LM loss.
+"""The model: a Hugging Face BERT run without padding, with a sparse masked-LM loss.
 
+No work on padding: the batch's real tokens are concatenated into one row, so embeddings,
+projections, feed-forward layers and LayerNorms see only real tokens (MLPerf BERT's "unpadding").
+Attention alone is computed in the padded [batch, width] layout, with SDPA and a key mask,
+because SDPA needs rectangular sequences; it is the same HF module, chosen through HF's own
+attention registry, so the weights, `save_pretrained` and `from_pretrained` are plain HF BERT.
 The MLM head (a hidden×hidden transform, then a hidden×vocab projection) is applied only to the
 masked positions, ~15% of the tokens, instead of to every position as HF's dense loss does;
-the loss is the same (tests/test_model.py checks it against HF's own).
+the loss is the same as HF's padded, dense one (tests/test_model_data_optim.py checks it).
 """
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, BertForPreTraining
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    BertConfig,
+    BertForMaskedLM,
+    BertForPreTraining,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 PRESETS = {
     "tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
@@ -25,6 +39,47 @@ PRESETS = {
 
 class ModelConfigError(Exception):
     pass
+
+
+@dataclass
+class PaddedLayout:
+    """Where the concatenated real tokens sit in the padded [batch, width] layout."""
+    index: torch.Tensor      # [real tokens]: flat position in batch × width
+    key_mask: torch.Tensor   # [batch, 1, 1, width], True on real tokens
+    batch: int
+    width: int
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> PaddedLayout:
+        batch, width = attention_mask.shape
+        index = attention_mask.reshape(-1).nonzero().squeeze(1)
+        return cls(index, attention_mask.bool()[:, None, None, :], batch, width)
+
+
+def unpadded_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                            padded_layout: PaddedLayout | None = None, **kwargs):
+    """HF attention function: q/k/v arrive as [1, heads, real tokens, head_dim]; scattered into
+    the padded layout for SDPA, gathered back. Without a layout (a padded HF call) it is HF's SDPA."""
+    if padded_layout is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    layout = padded_layout
+    heads, head_dim = query.shape[1], query.shape[3]
+
+    def to_padded(x: torch.Tensor) -> torch.Tensor:
+        rows = x[0].transpose(0, 1)  # [tokens, heads, head_dim]
+        padded = rows.new_zeros(layout.batch * layout.width, heads, head_dim).index_copy(0, layout.index, rows)
+        return padded.view(layout.batch, layout.width, heads, head_dim).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(to_padded(query), to_padded(key), to_padded(value),
+                                         attn_mask=layout.key_mask, dropout_p=dropout, scale=scaling)
+    out = out.transpose(1, 2).reshape(layout.batch * layout.width, heads, head_dim).index_select(0, layout.index)
+    return out.unsqueeze(0), None
+
+
+UNPADDED_ATTENTION = "commodity_bert_unpadded_sdpa"
+AttentionInterface.register(UNPADDED_ATTENTION, unpadded_sdpa_attention)
+AttentionMaskInterface.register(UNPADDED_ATTENTION, sdpa_mask)  # padded HF calls get SDPA's masks
 
 
 def build_config(spec: str, vocab_size: int) -> BertConfig:
@@ -46,7 +101,7 @@ def build_config(spec: str, vocab_size: int) -> BertConfig:
 
 def build_model(config: BertConfig, nsp: bool) -> nn.Module:
     cls = BertForPreTraining if nsp else BertForMaskedLM
-    return cls._from_config(config, attn_implementation="sdpa")
+    return cls._from_config(config, attn_implementation=UNPADDED_ATTENTION)
 
 
 def load_pretrained(source: str | os.PathLike, nsp: bool) -> nn.Module:
@@ -55,7 +110,7 @@ def load_pretrained(source: str | os.PathLike, nsp: bool) -> nn.Module:
     MLM-only phase)."""
     cls = BertForPreTraining if nsp else BertForMaskedLM
     try:
-        return cls.from_pretrained(str(source), attn_implementation="sdpa")
+        return cls.from_pretrained(str(source), attn_implementation=UNPADDED_ATTENTION)
     except (OSError, ValueError) as exc:
         raise ModelConfigError(f"--init-from {source}: not a loadable BERT model ({exc})") from exc
 
@@ -70,10 +125,20 @@ class PretrainingModel(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         bert, heads = self.hf_model.bert, self.hf_model.cls
-        out = bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   token_type_ids=batch["token_type_ids"])
-        hidden = out.last_hidden_state
-        masked_hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch["masked_index"])
+        attention_mask = batch["attention_mask"]
+        layout = PaddedLayout.of(attention_mask)
+        width = layout.width
+        positions = torch.arange(width, device=attention_mask.device).repeat(layout.batch)
+
+        def unpad(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(-1).index_select(0, layout.index).unsqueeze(0)
+
+        embedded = bert.embeddings(input_ids=unpad(batch["input_ids"]), token_type_ids=unpad(batch["token_type_ids"]),
+                                   position_ids=unpad(positions))
+        hidden = bert.encoder(embedded, attention_mask=None, padded_layout=layout).last_hidden_state[0]
+        # padded flat position -> row among the real tokens
+        real_row = attention_mask.reshape(-1).cumsum(0) - 1
+        masked_hidden = hidden.index_select(0, real_row.index_select(0, batch["masked_index"]))
         logits = heads.predictions(masked_hidden).float()
         labels = batch["masked_labels"]
         mlm_loss = F.cross_entropy(logits, labels)
@@ -82,7 +147,9 @@ class PretrainingModel(nn.Module):
                  "mlm_loss": mlm_loss.detach()}
         loss = mlm_loss
         if self.nsp:
-            nsp_logits = heads.seq_relationship(out.pooler_output).float()
+            first_tokens = real_row.view(layout.batch, width)[:, 0]  # [CLS] of each sequence
+            pooled = bert.pooler.activation(bert.pooler.dense(hidden.index_select(0, first_tokens)))
+            nsp_logits = heads.seq_relationship(pooled).float()
             nsp_loss = F.cross_entropy(nsp_logits, batch["next_sentence_labels"])
             loss = loss + nsp_loss
             stats["nsp_correct"] = (nsp_logits.argmax(-1) == batch["next_sentence_labels"]).sum().detach()
@@ -90,11 +157,20 @@ class PretrainingModel(nn.Module):
         return loss, stats
 
 
-def training_flops(config: BertConfig, tokens: int, seq_len: int, masked: int, sequences: int) -> float:
-    """FLOPs of forward + backward (3× forward) for a batch: dense matmuls on the computed
-    tokens, attention scores on seq_len² per sequence, the MLM head on masked tokens only."""
+def training_flops(config: BertConfig, tokens: int, attention_pairs: int, head_tokens: int) -> float:
+    """FLOPs of forward + backward (3× forward): the encoder's matmuls on `tokens`, attention
+    scores and their weighted sum on `attention_pairs` query-key pairs, the MLM head on
+    `head_tokens`. Embedding lookups, LayerNorms and softmax are left out, as is usual."""
     h, layers, inter = config.hidden_size, config.num_hidden_layers, config.intermediate_size
     per_token = layers * (2 * 4 * h * h + 2 * 2 * h * inter)
-    attention = layers * 2 * 2 * seq_len * seq_len * h * sequences
-    head = masked * (2 * h * h + 2 * h * config.vocab_size)
+    attention = layers * 2 * 2 * h * attention_pairs
+    head = head_tokens * (2 * h * h + 2 * h * config.vocab_size)
     return 3.0 * (per_token * tokens + attention + head)
+
+
+def executed_training_flops(config: BertConfig, batch: dict) -> float:
+    """What PretrainingModel computes for a batch: real tokens only, attention on the padded
+    width, the head on masked tokens."""
+    sequences, width = batch["attention_mask"].shape
+    return training_flops(config, int(batch["real_tokens"]), sequences * width * width,
+                          int(batch["masked_index"].numel()))

@@ -88,12 +88,20 @@ def test_resume_equals_uninterrupted(tmp_path, data, run30):
     run = tmp_path / "run"
     args = [*COMMON, "--data", data, "--output-dir", run, "--eval-every", 15]
     train(2, *args, "--max-steps", 10)
+    # as if the run had logged step 15 and died before its next checkpoint
+    with open(run / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 15, "samples": 0, "loss": 99.0}) + "\n" + '{"step": 16, "lo')
     train(2, *args, "--max-steps", 20)
     resumed, whole = rows(run), rows(run30)
     assert [r["step"] for r in resumed] == [5, 10, 15, 20]
     for r, w in zip(resumed, whole):
         assert (r["loss"], r["mlm_acc"], r["lr"], r["grad_norm"]) == (w["loss"], w["mlm_acc"], w["lr"], w["grad_norm"])
     assert resumed[2]["val_mlm_acc"] == whole[2]["val_mlm_acc"]
+    # a fresh start in the same directory keeps the earlier history aside, not mixed in
+    train(2, *args, "--max-steps", 5, "--resume", "none")
+    assert [r["step"] for r in rows(run)] == [5]
+    [aside] = run.glob("metrics.jsonl.*")
+    assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20]
 
 
 def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
