@@ -263,6 +263,7 @@ def main() -> None:
 
     # ---- the loop
     started = last_log = last_save = time.time()
+    evaluating = 0.0  # seconds spent scoring the held-out set, left out of elapsed_s
     # summed on the device and read once per log step: no host sync per micro-batch
     window_keys = ("loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "real_tokens")
     window = torch.zeros(len(window_keys), dtype=torch.float64, device=device)
@@ -313,7 +314,7 @@ def main() -> None:
             totals = dict(zip(window_keys, window.tolist()))
             total_flops = sum_across_ranks({"flops": flops}, device)["flops"]
             elapsed = time.time() - last_log
-            row = {"step": step, "samples": samples,
+            row = {"step": step, "samples": samples, "elapsed_s": time.time() - started - evaluating,
                    "loss": totals["loss"] / (micro_batches * world),
                    "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
                    "lr": scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
@@ -327,7 +328,9 @@ def main() -> None:
             if totals["nsp_count"]:
                 row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
             if args.eval_every and step % args.eval_every == 0 or finished:
+                scoring = time.time()
                 last_eval = evaluate(engine, val_batches, device)
+                evaluating += time.time() - scoring
                 row.update(last_eval)
             metrics.log(row)
             if rank == 0:
@@ -338,8 +341,11 @@ def main() -> None:
             data_wait, steps_in_window, last_log = 0.0, 0, time.time()
             bytes_at_log = wire.total
         elif args.eval_every and step % args.eval_every == 0:
+            elapsed = time.time() - started - evaluating
+            scoring = time.time()
             last_eval = evaluate(engine, val_batches, device)
-            metrics.log({"step": step, "samples": samples, **last_eval})
+            evaluating += time.time() - scoring
+            metrics.log({"step": step, "samples": samples, "elapsed_s": elapsed, **last_eval})
 
         if save_due or finished:
             save()

@@ -120,6 +120,10 @@ class PretrainingModel(nn.Module):
 
     def __init__(self, hf_model: nn.Module):
         super().__init__()
+        # forward hands attention the unpadded layout; any other attention function would
+        # attend across the concatenated sequences
+        if hf_model.config._attn_implementation != UNPADDED_ATTENTION:
+            hf_model.set_attn_implementation(UNPADDED_ATTENTION)
         self.hf_model = hf_model
         self.nsp = isinstance(hf_model, BertForPreTraining)
 

@@ -1,0 +1,235 @@
+"""Single-device training throughput: the padded dense baseline and this project's path, side
+by side in one process, on real text.
+
+- padded_baseline: HF `BertForPreTraining` (SDPA attention, HF's default) on batches padded to
+  --seq-len, with HF's dense masked-LM loss (labels -100 on unmasked positions): what
+  `run_mlm --pad_to_max_length` or NVIDIA's padded BERT compute.
+- project: the model train.py runs (commodity_bert.model.PretrainingModel): stratified batches
+  trimmed to their longest sample, real tokens only through every layer but attention, the
+  MLM head on masked tokens only.
+
+Both train on the same samples (the project's stratified micro-batches; the baseline gets them
+padded), with the same optimizer (AdamW) and autocast precision, forward + backward + step.
+Batches are built before timing, so this measures the device, not the loader (train.py's
+`data_wait_s` metric covers that). Paths alternate over --repeats rounds; figures are medians.
+
+Columns: real tokens/s; `computed_over_real`: tokens the encoder's layers process ÷ real
+tokens (attention's own ratio, query-key pairs scored ÷ pairs within sequences, is given
+apart); `tflops`: model FLOPs of the real work (real tokens, attention within sequences, the
+head on masked tokens; the same for both paths) per second, so ratios between paths are speed
+ratios; `executed_tflops`: the FLOPs the path really performs; `mfu`: tflops ÷ `peak_tflops`,
+a large square matmul in the same dtype timed on the same device in the same run.
+
+    python benchmarks/throughput.py [--device cpu|cuda] [--model mini] [--seq-len 128]
+        [--precision fp32|bf16|fp16] [--micro-batch 16] [--input embedded:sotu] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from commodity_bert import shard_format as fmt
+from commodity_bert.data import TrainingBatches
+from commodity_bert.model import PretrainingModel, build_config, build_model, training_flops
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def prepare_data(input_spec: str, seq_len: int, work: Path) -> Path:
+    """Shards of the real corpus at this length (kept in --work for the next run)."""
+    name = Path(input_spec.removeprefix("embedded:")).stem
+    out = work / f"{name}_seq{seq_len}"
+    if not (out / fmt.MANIFEST_NAME).exists():
+        proc = subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", input_spec,
+                               "--output", str(out), "--seq-len", str(seq_len), "--dupe-factor", "1",
+                               "--num-shards", "2", "--val-fraction", "0.01"],
+                              cwd=REPO, capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise SystemExit(f"data preparation failed: {proc.stderr.strip().splitlines()[-1]}")
+    return out
+
+
+def project_batches(data: Path, micro_batch: int, count: int) -> list[dict]:
+    manifest = fmt.load_manifest(data)
+    batches = TrainingBatches(data, manifest, rank=0, world=1, micro_batch=micro_batch, seed=1, num_workers=0)
+    stream = iter(batches)
+    return [next(stream) for _ in range(count)]
+
+
+def padded_batch(batch: dict, seq_len: int, nsp: bool) -> dict:
+    """The same samples padded to seq_len, with dense labels (-100 where nothing is masked)."""
+    sequences, width = batch["input_ids"].shape
+
+    def pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, seq_len - width))
+
+    labels = torch.full((sequences * seq_len,), -100, dtype=torch.long)
+    index = batch["masked_index"]
+    labels[index // width * seq_len + index % width] = batch["masked_labels"]
+    padded = {"input_ids": pad(batch["input_ids"]), "attention_mask": pad(batch["attention_mask"]),
+              "token_type_ids": pad(batch["token_type_ids"]), "labels": labels.view(sequences, seq_len)}
+    if nsp:
+        padded["next_sentence_label"] = batch["next_sentence_labels"]
+    return padded
+
+
+def matmul_peak_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        synchronize(device)
+        started = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        synchronize(device)
+        best = min(best, (time.perf_counter() - started) / 4)
+    return 2 * size ** 3 / best / 1e12
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class TrainingPath:
+    """One way of training: a model, its batches on the device, and its step function."""
+
+    def __init__(self, name: str, model: torch.nn.Module, batches: list[dict], device: torch.device,
+                 precision: str, executed_flops: float):
+        self.name, self.model, self.device, self.precision = name, model.to(device), device, precision
+        self.batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+        self.executed_flops = executed_flops  # per pass over the batches
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def loss(self, batch: dict) -> torch.Tensor:
+        if self.name == "project":
+            return self.model(batch)[0]
+        return self.model(**batch).loss
+
+    def run(self) -> float:
+        """Seconds for one pass over the batches, one optimizer step per batch."""
+        synchronize(self.device)
+        started = time.perf_counter()
+        for batch in self.batches:
+            with torch.autocast(self.device.type, dtype=DTYPES[self.precision], enabled=self.precision != "fp32"):
+                loss = self.loss(batch)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model", default="mini", help="preset: tiny, mini, base, large")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--precision", choices=list(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians over them")
+    parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
+    parser.add_argument("--paths", nargs="+", choices=["padded_baseline", "project"],
+                        default=["padded_baseline", "project"])
+    parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible; use --device cpu")
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    if precision == "fp16" and device.type == "cpu":
+        raise SystemExit("--precision fp16 needs CUDA (CPU autocast has no fp16 loss scaling here); use bf16 or fp32")
+    torch.manual_seed(0)
+
+    data = prepare_data(args.input, args.seq_len, Path(args.work or tempfile.mkdtemp(prefix="throughput_")))
+    manifest = fmt.load_manifest(data)
+    batches = project_batches(data, args.micro_batch, args.steps)
+    config = build_config(args.model, manifest["vocab"]["size"])
+    real_tokens = sum(int(b["real_tokens"]) for b in batches)
+    sequences = sum(b["input_ids"].shape[0] for b in batches)
+    masked = sum(b["masked_index"].numel() for b in batches)
+    pairs_within = sum(int((b["attention_mask"].sum(1) ** 2).sum()) for b in batches)
+    pairs_trimmed = sum(b["input_ids"].shape[0] * b["input_ids"].shape[1] ** 2 for b in batches)
+    padded_tokens = sequences * args.seq_len
+    model_flops = training_flops(config, real_tokens, pairs_within, masked)
+    pairs_padded = sequences * args.seq_len ** 2
+    plan = {  # tokens through the encoder's layers, query-key pairs scored, FLOPs executed
+        "padded_baseline": {"computed": padded_tokens, "pairs": pairs_padded,
+                            "executed": training_flops(config, padded_tokens, pairs_padded, padded_tokens)},
+        "project": {"computed": real_tokens, "pairs": pairs_trimmed,
+                    "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
+    }
+
+    paths = []
+    base_model = build_model(config, nsp=manifest["nsp"])
+    for name in args.paths:
+        if name == "padded_baseline":
+            hf = type(base_model)._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+            hf.load_state_dict(base_model.state_dict())
+            paths.append(TrainingPath(name, hf, [padded_batch(b, args.seq_len, manifest['nsp']) for b in batches], device, precision,
+                               plan[name]["executed"]))
+        else:
+            model = PretrainingModel(copy.deepcopy(base_model))
+            paths.append(TrainingPath(name, model, batches, device, precision, plan[name]["executed"]))
+    peak = matmul_peak_tflops(device, DTYPES[precision], 8192 if device.type == "cuda" else 2048)
+
+    for path in paths:  # warm-up: allocator, kernels' autotuning, lazy optimizer state
+        path.run()
+    times = {path.name: [] for path in paths}
+    for _ in range(args.repeats):
+        for path in paths:
+            times[path.name].append(path.run())
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    rows = []
+    for path in paths:
+        seconds = statistics.median(times[path.name])
+        tflops = model_flops / seconds / 1e12
+        rows.append({
+            "path": path.name, "device": device_name, "model": args.model, "seq_len": args.seq_len,
+            "precision": precision, "micro_batch": args.micro_batch, "steps": args.steps,
+            "seq_per_s": sequences / seconds, "tokens_per_s": real_tokens / seconds,
+            "computed_over_real": plan[path.name]["computed"] / real_tokens,
+            "attention_pairs_over_real": plan[path.name]["pairs"] / pairs_within,
+            "tflops": tflops, "executed_tflops": path.executed_flops / seconds / 1e12,
+            "mfu": tflops / peak, "peak_tflops": peak,
+            "step_s_median": seconds / args.steps, "step_s_all": [t / args.steps for t in times[path.name]],
+        })
+
+    print(f"{args.model}, seq {args.seq_len}, {precision}, micro-batch {args.micro_batch}, {device_name}; "
+          f"{Path(args.input).name}: {real_tokens / padded_tokens:.1%} of padded positions are real tokens; "
+          f"matmul peak {peak:.2f} TFLOP/s")
+    print(f"{'path':<16} {'seq/s':>8} {'real tok/s':>11} {'computed/real':>13} {'attn pairs/real':>15} "
+          f"{'TFLOP/s':>8} {'executed':>8} {'MFU':>6} {'step s':>7}")
+    for r in rows:
+        print(f"{r['path']:<16} {r['seq_per_s']:>8.1f} {r['tokens_per_s']:>11,.0f} {r['computed_over_real']:>13.3f} "
+              f"{r['attention_pairs_over_real']:>15.3f} {r['tflops']:>8.3f} {r['executed_tflops']:>8.3f} "
+              f"{r['mfu']:>6.1%} {r['step_s_median']:>7.3f}")
+    if len(rows) == 2:
+        print(f"project / padded_baseline, real tokens/s: {rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Time to accuracy: train.py against the Hugging Face Trainer, same model, data, CPU and budget.
+
+Both sides train the same `--model` from the same seed for the same wall-clock budget on the
+same machine, one after the other, and are scored on the same held-out set by the same
+function (masked-LM accuracy on the statically masked validation split of the shards).
+
+- hf_trainer: what a user of `run_mlm.py` sets up: `BertForMaskedLM` (SDPA), the training
+  split's token sequences as a `datasets.Dataset` (run_mlm's tokenized, grouped texts),
+  `DataCollatorForLanguageModeling` (15% dynamic masking, padding to the longest in the batch),
+  `Trainer` with AdamW, constant lr after warmup, fp32 on CPU.
+- project: `deepspeed train.py` on one rank with `ds_configs/cpu_tiny_lamb.json`'s LAMB, its
+  stratified, unpadded batches and sparse MLM head, constant lr after warmup.
+
+Each side is evaluated every --eval-every-s seconds of its own training (evaluation time is
+not counted) and at the end. The report: each side's accuracy over time, the hf_trainer's final
+accuracy and how long the project took to reach it; a PNG plot and JSON.
+
+    python benchmarks/vs_hf_trainer.py [--model mini] [--minutes 10] [--json OUT] [--plot OUT.png]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+
+
+def prepare_data(work: Path, seq_len: int) -> Path:
+    """MLM-only shards (full-sentence packing, dynamic masking) of the embedded corpus."""
+    out = work / f"sotu_seq{seq_len}_mlm"
+    if not (out / "manifest.json").exists():
+        proc = subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu",
+                               "--output", str(out), "--seq-len", str(seq_len), "--no-nsp", "--masking", "dynamic",
+                               "--num-shards", "2", "--val-fraction", "0.02"],
+                              cwd=REPO, capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise SystemExit(f"data preparation failed: {proc.stderr.strip().splitlines()[-1]}")
+    return out
+
+
+def masked_lm_accuracy(hf_model, val_batches) -> float:
+    """The same score for both sides: the padded HF forward, argmax at the masked positions."""
+    import torch
+    correct = count = 0
+    was_training = hf_model.training
+    hf_model.eval()
+    with torch.no_grad():
+        for batch in val_batches:
+            logits = hf_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              token_type_ids=batch["token_type_ids"]).logits
+            predicted = logits.reshape(-1, logits.shape[-1]).index_select(0, batch["masked_index"]).argmax(-1)
+            correct += int((predicted == batch["masked_labels"]).sum())
+            count += batch["masked_labels"].numel()
+    hf_model.train(was_training)
+    return correct / max(count, 1)
+
+
+def run_hf_trainer(args) -> None:
+    """The Trainer side, in its own process (as train.py runs in its own)."""
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from transformers import (
+        BertForMaskedLM,
+        BertTokenizerFast,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from commodity_bert import shard_format as fmt
+    from commodity_bert.data import load_arrays, validation_batches
+    from commodity_bert.model import build_config
+
+    data = Path(args.data)
+    manifest = fmt.load_manifest(data)
+    arrays = load_arrays(fmt.shard_paths(data, manifest, "train"))
+    sequences = [row[:n].tolist() for row, n in zip(arrays["input_ids"], arrays["lengths"])]
+    order = np.random.default_rng(args.seed).permutation(len(sequences))
+    train_set = Dataset.from_dict({"input_ids": [sequences[i] for i in order]})
+    tokenizer = BertTokenizerFast(vocab=str(data / fmt.VOCAB_NAME), do_lower_case=True)
+    val = validation_batches(data, manifest, 0, 1, args.micro_batch)  # all of it, as train.py scores
+    torch.manual_seed(args.seed)
+    model = BertForMaskedLM._from_config(copy.deepcopy(build_config(args.model, manifest["vocab"]["size"])),
+                                         attn_implementation="sdpa")
+    budget, curve = args.minutes * 60, []
+
+    class TimeBudgetAndEval(TrainerCallback):
+        """Stops at the wall-clock budget; evaluates every eval_every_s of training time."""
+
+        def on_train_begin(self, targs, state, control, **kw):
+            self.began, self.evaluating, self.last_eval = time.perf_counter(), 0.0, 0.0
+
+        def on_step_end(self, targs, state, control, **kw):
+            trained = time.perf_counter() - self.began - self.evaluating  # loading included, scoring not
+            if trained >= budget:
+                control.should_training_stop = True
+            if trained - self.last_eval >= args.eval_every_s or control.should_training_stop:
+                self.last_eval = trained
+                scoring = time.perf_counter()
+                curve.append({"elapsed_s": trained, "step": state.global_step,
+                              "val_mlm_acc": masked_lm_accuracy(model, val)})
+                self.evaluating += time.perf_counter() - scoring
+                print(json.dumps(curve[-1]), flush=True)
+
+    targs = TrainingArguments(
+        output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.micro_batch,
+        learning_rate=args.hf_lr, weight_decay=0.01, warmup_steps=args.warmup_steps,
+        lr_scheduler_type="constant_with_warmup", max_steps=10 ** 7, logging_steps=50, save_strategy="no",
+        report_to=[], use_cpu=True, dataloader_num_workers=1, seed=args.seed, disable_tqdm=True)
+    trainer = Trainer(model=model, args=targs, train_dataset=train_set,
+                      data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15),
+                      callbacks=[TimeBudgetAndEval()])
+    trainer.train()
+    Path(args.out, "curve.json").write_text(json.dumps(curve))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_project(args, data: Path, out: Path) -> list[dict]:
+    config = json.loads(BASE_CONFIG.read_text())
+    config["train_micro_batch_size_per_gpu"] = args.micro_batch
+    config["optimizer"]["params"]["lr"] = args.project_lr
+    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": args.project_lr,
+                                                          "warmup_num_steps": args.warmup_steps,
+                                                          "warmup_type": "linear"}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ds_config.json").write_text(json.dumps(config))
+    deepspeed = str(Path(sys.executable).parent / "deepspeed")
+    # train.py scores the same validation split with the same definition (argmax at the masked
+    # positions); its elapsed_s leaves its evaluations out, as the Trainer side does
+    cmd = [deepspeed, "--num_gpus", "1", "--master_port", str(free_port()), "train.py",
+           "--deepspeed_config", str(out / "ds_config.json"), "--data", str(data), "--model", args.model,
+           "--output-dir", str(out / "run"), "--time-budget", f"{args.minutes * 60}s", "--max-steps", "1000000",
+           "--log-every", "10", "--eval-every", str(args.project_eval_every), "--num-workers", "1",
+           "--seed", str(args.seed), "--resume", "none"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise SystemExit(f"train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [{"elapsed_s": r["elapsed_s"], "step": r["step"], "val_mlm_acc": r["val_mlm_acc"]}
+            for r in rows if "val_mlm_acc" in r]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="mini")
+    parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock training budget of each side")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--hf-lr", type=float, default=5e-4, help="AdamW lr for the Trainer (from scratch)")
+    parser.add_argument("--project-lr", type=float, default=5e-3, help="LAMB lr for train.py")
+    parser.add_argument("--warmup-steps", type=int, default=30)
+    parser.add_argument("--eval-every-s", type=float, default=60.0)
+    parser.add_argument("--project-eval-every", type=int, default=25, help="train.py evaluates every N steps")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--work", help="directory for data and runs (default: a temporary one)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="write a PNG of accuracy against time here")
+    parser.add_argument("--run-trainer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_trainer:
+        run_hf_trainer(args)
+        return
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="vs_trainer_"))
+    data = prepare_data(work, args.seq_len)
+    started = time.time()
+    project = run_project(args, data, work / "project")
+    project_wall = time.time() - started
+    trainer_out = work / "hf_trainer"
+    proc = subprocess.run([sys.executable, __file__, "--run-trainer", "--data", str(data), "--out", str(trainer_out),
+                           *[a for a in sys.argv[1:] if a not in ("--run-trainer",)]],
+                          cwd=REPO, capture_output=True, text=True, check=False, env={**os.environ})
+    if proc.returncode:
+        raise SystemExit(f"HF Trainer run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    trainer = json.loads((trainer_out / "curve.json").read_text())
+
+    target = trainer[-1]["val_mlm_acc"]
+    reached = next((r for r in project if r["val_mlm_acc"] >= target), None)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    print(f"{args.model}, seq {args.seq_len}, micro-batch {args.micro_batch}, {args.minutes:g} min each; {machine}")
+    for name, curve in (("hf_trainer", trainer), ("project", project)):
+        print(f"{name:<11} " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min: {r['val_mlm_acc']:.2%}" for r in curve))
+    if reached:
+        print(f"hf_trainer's final accuracy {target:.2%} ({trainer[-1]['elapsed_s'] / 60:.1f} min): the project "
+              f"reached it at {reached['elapsed_s'] / 60:.1f} min "
+              f"({reached['elapsed_s'] / trainer[-1]['elapsed_s']:.2f} of the time)")
+    else:
+        print(f"hf_trainer's final accuracy {target:.2%}: the project did not reach it "
+              f"(final {project[-1]['val_mlm_acc']:.2%})")
+    result = {"machine": machine, "args": vars(args), "hf_trainer": trainer, "project": project,
+              "target": target, "project_reached_at_s": reached["elapsed_s"] if reached else None,
+              "project_wall_s": project_wall}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, curve in (("HF Trainer (AdamW, padded, dense head)", trainer),
+                            ("train.py (LAMB, unpadded, sparse head)", project)):
+            ax.plot([r["elapsed_s"] / 60 for r in curve], [100 * r["val_mlm_acc"] for r in curve], marker="o",
+                    label=name)
+        ax.axhline(100 * target, color="gray", linestyle=":", linewidth=1)
+        ax.set_xlabel("training wall time (min)")
+        ax.set_ylabel("held-out masked-LM accuracy (%)")
+        ax.set_title(f"{args.model} on {machine}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
