@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians over them")
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
+    parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
     parser.add_argument("--paths", nargs="+", choices=["padded_baseline", "project"],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
@@ -160,7 +161,11 @@ def main() -> None:
         raise SystemExit("--precision fp16 needs CUDA (CPU autocast has no fp16 loss scaling here); use bf16 or fp32")
     torch.manual_seed(0)
 
-    data = prepare_data(args.input, args.seq_len, Path(args.work or tempfile.mkdtemp(prefix="throughput_")))
+    if args.data:
+        data = Path(args.data)
+        args.seq_len = fmt.load_manifest(data)["seq_len"]
+    else:
+        data = prepare_data(args.input, args.seq_len, Path(args.work or tempfile.mkdtemp(prefix="throughput_")))
     manifest = fmt.load_manifest(data)
     batches = project_batches(data, args.micro_batch, args.steps)
     config = build_config(args.model, manifest["vocab"]["size"])
@@ -217,7 +222,7 @@ def main() -> None:
         })
 
     print(f"{args.model}, seq {args.seq_len}, {precision}, micro-batch {args.micro_batch}, {device_name}; "
-          f"{Path(args.input).name}: {real_tokens / padded_tokens:.1%} of padded positions are real tokens; "
+          f"{args.data or args.input}: {real_tokens / padded_tokens:.1%} of padded positions are real tokens; "
           f"matmul peak {peak:.2f} TFLOP/s")
     print(f"{'path':<16} {'seq/s':>8} {'real tok/s':>11} {'computed/real':>13} {'attn pairs/real':>15} "
           f"{'TFLOP/s':>8} {'executed':>8} {'MFU':>6} {'step s':>7}")

@@ -1,0 +1,35 @@
+"""The throughput benchmark runs end to end on real shards and accounts for padding correctly."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+from conftest import REPO, run_cli
+
+from commodity_bert import shard_format as fmt
+
+
+def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, sotu_small):
+    # most samples aim at a random shorter length, so batches carry some padding
+    train_data = tmp_path / "short"
+    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 1,
+            "--short-seq-prob", 0.9, "--output", train_data)
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, "benchmarks/throughput.py", "--device", "cpu", "--model", "tiny",
+                           "--data", str(train_data), "--micro-batch", "32", "--steps", "2", "--repeats", "1",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["path"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"padded_baseline", "project"}
+    for row in rows.values():
+        assert row["seq_per_s"] > 0 and 0 < row["mfu"] < 1 and row["peak_tflops"] > 0
+    # the baseline computes every padded position: its ratio is seq_len / mean real length
+    lengths = np.concatenate([fmt.read_shard(p)["lengths"] for p in fmt.shard_paths(
+        train_data, fmt.load_manifest(train_data), "train")])
+    # (stratified batches: every batch has the data set's mix of lengths)
+    assert rows["padded_baseline"]["computed_over_real"] > 1.0
+    assert abs(rows["padded_baseline"]["computed_over_real"] - 64 / lengths.mean()) < 0.05
+    assert rows["project"]["computed_over_real"] == 1.0
+    # same samples: same real tokens per sequence for both paths
+    per_seq = [r["tokens_per_s"] / r["seq_per_s"] for r in rows.values()]
+    assert abs(per_seq[0] - per_seq[1]) < 1e-6 * per_seq[0]
