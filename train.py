@@ -264,6 +264,14 @@ def main() -> None:
     # ---- the loop
     started = last_log = last_save = time.time()
     evaluating = 0.0  # seconds spent scoring the held-out set, left out of elapsed_s
+
+    def score() -> dict:
+        nonlocal evaluating
+        scoring = time.time()
+        result = evaluate(engine, val_batches, device)
+        evaluating += time.time() - scoring
+        return result
+
     # summed on the device and read once per log step: no host sync per micro-batch
     window_keys = ("loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "real_tokens")
     window = torch.zeros(len(window_keys), dtype=torch.float64, device=device)
@@ -328,9 +336,7 @@ def main() -> None:
             if totals["nsp_count"]:
                 row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
             if args.eval_every and step % args.eval_every == 0 or finished:
-                scoring = time.time()
-                last_eval = evaluate(engine, val_batches, device)
-                evaluating += time.time() - scoring
+                last_eval = score()
                 row.update(last_eval)
             metrics.log(row)
             if rank == 0:
@@ -342,9 +348,7 @@ def main() -> None:
             bytes_at_log = wire.total
         elif args.eval_every and step % args.eval_every == 0:
             elapsed = time.time() - started - evaluating
-            scoring = time.time()
-            last_eval = evaluate(engine, val_batches, device)
-            evaluating += time.time() - scoring
+            last_eval = score()
             metrics.log({"step": step, "samples": samples, "elapsed_s": elapsed, **last_eval})
 
         if save_due or finished:

@@ -13,13 +13,15 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # site-packages may hold another `benchmarks`
+from bench_common import free_port
+
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 
 
@@ -45,12 +47,6 @@ def finished(out: Path, steps: int) -> bool:
     metrics = out / "metrics.jsonl"
     return metrics.exists() and any(json.loads(line).get("step") == steps and "val_mlm_acc" in line
                                     for line in metrics.read_text().splitlines())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd: list[str]) -> None:

@@ -30,7 +30,6 @@ import copy
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
+
+from bench_common import make_shards
 
 from commodity_bert import shard_format as fmt
 from commodity_bert.data import TrainingBatches
@@ -49,17 +50,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def prepare_data(input_spec: str, seq_len: int, work: Path) -> Path:
-    """Shards of the real corpus at this length (kept in --work for the next run)."""
     name = Path(input_spec.removeprefix("embedded:")).stem
-    out = work / f"{name}_seq{seq_len}"
-    if not (out / fmt.MANIFEST_NAME).exists():
-        proc = subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", input_spec,
-                               "--output", str(out), "--seq-len", str(seq_len), "--dupe-factor", "1",
-                               "--num-shards", "2", "--val-fraction", "0.01"],
-                              cwd=REPO, capture_output=True, text=True, check=False)
-        if proc.returncode:
-            raise SystemExit(f"data preparation failed: {proc.stderr.strip().splitlines()[-1]}")
-    return out
+    return make_shards(work / f"{name}_seq{seq_len}", input_spec, seq_len, "--dupe-factor", "1",
+                       "--num-shards", "2", "--val-fraction", "0.01")
 
 
 def project_batches(data: Path, micro_batch: int, count: int) -> list[dict]:

@@ -24,7 +24,6 @@ import copy
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,21 +31,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
+from bench_common import free_port, make_shards
+
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 
 
 def prepare_data(work: Path, seq_len: int) -> Path:
     """MLM-only shards (full-sentence packing, dynamic masking) of the embedded corpus."""
-    out = work / f"sotu_seq{seq_len}_mlm"
-    if not (out / "manifest.json").exists():
-        proc = subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu",
-                               "--output", str(out), "--seq-len", str(seq_len), "--no-nsp", "--masking", "dynamic",
-                               "--num-shards", "2", "--val-fraction", "0.02"],
-                              cwd=REPO, capture_output=True, text=True, check=False)
-        if proc.returncode:
-            raise SystemExit(f"data preparation failed: {proc.stderr.strip().splitlines()[-1]}")
-    return out
+    return make_shards(work / f"sotu_seq{seq_len}_mlm", "embedded:sotu", seq_len, "--no-nsp", "--masking",
+                       "dynamic", "--num-shards", "2", "--val-fraction", "0.02")
 
 
 def masked_lm_accuracy(hf_model, val_batches) -> float:
@@ -125,12 +119,6 @@ def run_hf_trainer(args) -> None:
                       callbacks=[TimeBudgetAndEval()])
     trainer.train()
     Path(args.out, "curve.json").write_text(json.dumps(curve))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_project(args, data: Path, out: Path) -> list[dict]:

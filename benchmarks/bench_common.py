@@ -1,0 +1,26 @@
+"""Helpers the benchmark scripts share (imported as a sibling: the scripts run from this folder)."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_shards(out: Path, input_spec: str, seq_len: int, *extra: str) -> Path:
+    """`bert-data-prep shards` of real text, kept in `out` for the next run."""
+    if not (out / "manifest.json").exists():
+        proc = subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", input_spec,
+                               "--output", str(out), "--seq-len", str(seq_len), *extra],
+                              cwd=REPO, capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise SystemExit(f"data preparation failed: {proc.stderr.strip().splitlines()[-1]}")
+    return out
