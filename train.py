@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=2, help="data-loading processes per rank")
     p.add_argument("--dist-timeout-minutes", type=float, default=10.0,
                    help="collective timeout: how long ranks wait for a dead peer before failing")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see README")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.add_config_arguments(p)
@@ -224,6 +226,8 @@ def main() -> None:
         clipper = BucketwiseClipAllreduce(list(model.parameters()), bucketwise.get("bucket_mb", 25),
                                           bucketwise.get("max_norm", 1.0),
                                           lambda: float(getattr(engine.optimizer, "cur_scale", 1.0)))
+    if args.compile:
+        engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     wire = BytesCounter().install()
     samples = 0
     if resuming:
@@ -280,7 +284,7 @@ def main() -> None:
     grad_norm = None
     data_wait = 0.0
     steps_in_window = 0
-    bytes_at_log = wire.total
+    bytes_at_log, evaluating_at_log = wire.total, 0.0
     last_eval: dict = {}
     data_iter = iter(batches)
     engine.train()
@@ -321,7 +325,7 @@ def main() -> None:
             dist.all_reduce(window)
             totals = dict(zip(window_keys, window.tolist()))
             total_flops = sum_across_ranks({"flops": flops}, device)["flops"]
-            elapsed = time.time() - last_log
+            elapsed = time.time() - last_log - (evaluating - evaluating_at_log)  # rates leave scoring out
             row = {"step": step, "samples": samples, "elapsed_s": time.time() - started - evaluating,
                    "loss": totals["loss"] / (micro_batches * world),
                    "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
@@ -345,7 +349,7 @@ def main() -> None:
             window.zero_()
             flops, micro_batches, grad_norm = 0.0, 0, None
             data_wait, steps_in_window, last_log = 0.0, 0, time.time()
-            bytes_at_log = wire.total
+            bytes_at_log, evaluating_at_log = wire.total, evaluating
         elif args.eval_every and step % args.eval_every == 0:
             elapsed = time.time() - started - evaluating
             last_eval = score()

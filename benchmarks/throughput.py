@@ -7,6 +7,9 @@ by side in one process, on real text.
 - project: the model train.py runs (commodity_bert.model.PretrainingModel): stratified batches
   trimmed to their longest sample, real tokens only through every layer but attention, the
   MLM head on masked tokens only.
+- project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
+  its compilation happens in the warm-up round and is not timed. train.py does not compile:
+  on the CPU it measured no faster (RESULTS.md); this path is here to measure it on CUDA.
 
 Both train on the same samples (the project's stratified micro-batches; the baseline gets them
 padded), with the same optimizer (AdamW) and autocast precision, forward + backward + step.
@@ -111,7 +114,7 @@ class TrainingPath:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def loss(self, batch: dict) -> torch.Tensor:
-        if self.name == "project":
+        if self.name.startswith("project"):
             return self.model(batch)[0]
         return self.model(**batch).loss
 
@@ -141,7 +144,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians over them")
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
     parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
-    parser.add_argument("--paths", nargs="+", choices=["padded_baseline", "project"],
+    parser.add_argument("--paths", nargs="+", choices=["padded_baseline", "project", "project_compiled"],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
     parser.add_argument("--json", help="write the rows here")
@@ -176,6 +179,7 @@ def main() -> None:
         "project": {"computed": real_tokens, "pairs": pairs_trimmed,
                     "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
     }
+    plan["project_compiled"] = plan["project"]
 
     paths = []
     base_model = build_model(config, nsp=manifest["nsp"])
@@ -187,6 +191,8 @@ def main() -> None:
                                plan[name]["executed"]))
         else:
             model = PretrainingModel(copy.deepcopy(base_model))
+            if name == "project_compiled":
+                model = torch.compile(model, dynamic=True)  # batch widths and token counts vary
             paths.append(TrainingPath(name, model, batches, device, precision, plan[name]["executed"]))
     peak = matmul_peak_tflops(device, DTYPES[precision], 8192 if device.type == "cuda" else 2048)
 
@@ -223,8 +229,11 @@ def main() -> None:
         print(f"{r['path']:<16} {r['seq_per_s']:>8.1f} {r['tokens_per_s']:>11,.0f} {r['computed_over_real']:>13.3f} "
               f"{r['attention_pairs_over_real']:>15.3f} {r['tflops']:>8.3f} {r['executed_tflops']:>8.3f} "
               f"{r['mfu']:>6.1%} {r['step_s_median']:>7.3f}")
-    if len(rows) == 2:
-        print(f"project / padded_baseline, real tokens/s: {rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x")
+    by_name = {r["path"]: r for r in rows}
+    for name in ("project", "project_compiled"):
+        if name in by_name and "padded_baseline" in by_name:
+            print(f"{name} / padded_baseline, real tokens/s: "
+                  f"{by_name[name]['tokens_per_s'] / by_name['padded_baseline']['tokens_per_s']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -7,9 +7,12 @@ function (masked-LM accuracy on the statically masked validation split of the sh
 - hf_trainer: what a user of `run_mlm.py` sets up: `BertForMaskedLM` (SDPA), the training
   split's token sequences as a `datasets.Dataset` (run_mlm's tokenized, grouped texts),
   `DataCollatorForLanguageModeling` (15% dynamic masking, padding to the longest in the batch),
-  `Trainer` with AdamW, constant lr after warmup, fp32 on CPU.
+  `Trainer` with AdamW, constant lr after warmup.
 - project: `deepspeed train.py` on one rank with `ds_configs/cpu_tiny_lamb.json`'s LAMB, its
   stratified, unpadded batches and sparse MLM head, constant lr after warmup.
+
+--precision applies to both: fp32 (run_mlm's default), or bf16 (the Trainer's `--bf16`, i.e.
+CPU autocast; DeepSpeed's `"bf16": {"enabled": true}` for train.py).
 
 Each side is evaluated every --eval-every-s seconds of its own training (evaluation time is
 not counted) and at the end. The report: each side's accuracy over time, the hf_trainer's final
@@ -37,9 +40,10 @@ from bench_common import free_port, make_shards
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 
 
-def prepare_data(work: Path, seq_len: int) -> Path:
-    """MLM-only shards (full-sentence packing, dynamic masking) of the embedded corpus."""
-    return make_shards(work / f"sotu_seq{seq_len}_mlm", "embedded:sotu", seq_len, "--no-nsp", "--masking",
+def prepare_data(work: Path, input_spec: str, seq_len: int) -> Path:
+    """MLM-only shards (full-sentence packing, dynamic masking) of the real text."""
+    name = Path(input_spec.removeprefix("embedded:")).stem
+    return make_shards(work / f"{name}_seq{seq_len}_mlm", input_spec, seq_len, "--no-nsp", "--masking",
                        "dynamic", "--num-shards", "2", "--val-fraction", "0.02")
 
 
@@ -113,7 +117,8 @@ def run_hf_trainer(args) -> None:
         output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.micro_batch,
         learning_rate=args.hf_lr, weight_decay=0.01, warmup_steps=args.warmup_steps,
         lr_scheduler_type="constant_with_warmup", max_steps=10 ** 7, logging_steps=50, save_strategy="no",
-        report_to=[], use_cpu=True, dataloader_num_workers=1, seed=args.seed, disable_tqdm=True)
+        report_to=[], use_cpu=True, dataloader_num_workers=1, seed=args.seed, disable_tqdm=True,
+        bf16=args.precision == "bf16")
     trainer = Trainer(model=model, args=targs, train_dataset=train_set,
                       data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15),
                       callbacks=[TimeBudgetAndEval()])
@@ -128,6 +133,7 @@ def run_project(args, data: Path, out: Path) -> list[dict]:
     config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": args.project_lr,
                                                           "warmup_num_steps": args.warmup_steps,
                                                           "warmup_type": "linear"}}
+    config["bf16"] = {"enabled": args.precision == "bf16"}
     out.mkdir(parents=True, exist_ok=True)
     (out / "ds_config.json").write_text(json.dumps(config))
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
@@ -151,6 +157,8 @@ def main() -> None:
     parser.add_argument("--model", default="mini")
     parser.add_argument("--minutes", type=float, default=10.0, help="wall-clock training budget of each side")
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="of both sides")
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--hf-lr", type=float, default=5e-4, help="AdamW lr for the Trainer (from scratch)")
     parser.add_argument("--project-lr", type=float, default=5e-3, help="LAMB lr for train.py")
@@ -170,7 +178,7 @@ def main() -> None:
         return
 
     work = Path(args.work or tempfile.mkdtemp(prefix="vs_trainer_"))
-    data = prepare_data(work, args.seq_len)
+    data = prepare_data(work, args.input, args.seq_len)
     started = time.time()
     project = run_project(args, data, work / "project")
     project_wall = time.time() - started
@@ -185,7 +193,8 @@ def main() -> None:
     target = trainer[-1]["val_mlm_acc"]
     reached = next((r for r in project if r["val_mlm_acc"] >= target), None)
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    print(f"{args.model}, seq {args.seq_len}, micro-batch {args.micro_batch}, {args.minutes:g} min each; {machine}")
+    print(f"{args.model}, seq {args.seq_len}, {args.precision}, micro-batch {args.micro_batch}, "
+          f"{args.minutes:g} min each; {machine}")
     for name, curve in (("hf_trainer", trainer), ("project", project)):
         print(f"{name:<11} " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min: {r['val_mlm_acc']:.2%}" for r in curve))
     if reached:
@@ -212,7 +221,7 @@ def main() -> None:
         ax.axhline(100 * target, color="gray", linestyle=":", linewidth=1)
         ax.set_xlabel("training wall time (min)")
         ax.set_ylabel("held-out masked-LM accuracy (%)")
-        ax.set_title(f"{args.model} on {machine}")
+        ax.set_title(f"{args.model}, {args.precision}, on {machine}")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)

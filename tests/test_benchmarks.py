@@ -33,3 +33,23 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
     # same samples: same real tokens per sequence for both paths
     per_seq = [r["tokens_per_s"] / r["seq_per_s"] for r in rows.values()]
     assert abs(per_seq[0] - per_seq[1]) < 1e-6 * per_seq[0]
+
+
+def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small):
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--model", "tiny", "--input", sotu_small,
+                           "--minutes", "0.1", "--eval-every-s", "2", "--project-eval-every", "4",
+                           "--warmup-steps", "2", "--work", str(tmp_path / "work"), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for side in ("hf_trainer", "project"):
+        curve = result[side]
+        assert len(curve) >= 2, side
+        # evaluation time is left out of each side's clock, which never runs past the budget by much
+        times = [r["elapsed_s"] for r in curve]
+        assert times == sorted(times) and times[-1] < 6 + 20, (side, times)
+        assert all(0 <= r["val_mlm_acc"] <= 1 for r in curve)
+    assert result["target"] == result["hf_trainer"][-1]["val_mlm_acc"]
+    first_reaching = next((r for r in result["project"] if r["val_mlm_acc"] >= result["target"]), None)
+    assert result["project_reached_at_s"] == (first_reaching["elapsed_s"] if first_reaching else None)
