@@ -8,8 +8,8 @@ by side in one process, on real text.
   trimmed to their longest sample, real tokens only through every layer but attention, the
   MLM head on masked tokens only.
 - project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
-  its compilation happens in the warm-up round and is not timed. train.py does not compile:
-  on the CPU it measured no faster (RESULTS.md); this path is here to measure it on CUDA.
+  its compilation happens in the warm-up round and is not timed. It tells whether train.py's
+  opt-in `--compile` pays on a device (on the CPU: not in fp32, ~10% in bf16; RESULTS.md).
 
 Both train on the same samples (the project's stratified micro-batches; the baseline gets them
 padded), with the same optimizer (AdamW) and autocast precision, forward + backward + step.
