@@ -325,16 +325,16 @@ def main() -> None:
             dist.all_reduce(window)
             totals = dict(zip(window_keys, window.tolist()))
             total_flops = sum_across_ranks({"flops": flops}, device)["flops"]
-            elapsed = time.time() - last_log - (evaluating - evaluating_at_log)  # rates leave scoring out
+            window_s = time.time() - last_log - (evaluating - evaluating_at_log)  # rates leave scoring out
             row = {"step": step, "samples": samples, "elapsed_s": time.time() - started - evaluating,
                    "loss": totals["loss"] / (micro_batches * world),
                    "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
                    "lr": scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                    "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
                    "grad_norm": float(engine.get_global_grad_norm() or grad_norm or 0.0),
-                   "seq_per_s": steps_in_window * total_batch / elapsed,
-                   "tokens_per_s": totals["real_tokens"] / elapsed,
-                   "tflops": total_flops / elapsed / 1e12,
+                   "seq_per_s": steps_in_window * total_batch / window_s,
+                   "tokens_per_s": totals["real_tokens"] / window_s,
+                   "tflops": total_flops / window_s / 1e12,
                    "data_wait_s": data_wait / steps_in_window,
                    "bytes_sent": bytes_sent}
             if totals["nsp_count"]:
@@ -351,9 +351,9 @@ def main() -> None:
             data_wait, steps_in_window, last_log = 0.0, 0, time.time()
             bytes_at_log, evaluating_at_log = wire.total, evaluating
         elif args.eval_every and step % args.eval_every == 0:
-            elapsed = time.time() - started - evaluating
+            trained_s = time.time() - started - evaluating
             last_eval = score()
-            metrics.log({"step": step, "samples": samples, "elapsed_s": elapsed, **last_eval})
+            metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
 
         if save_due or finished:
             save()
