@@ -363,6 +363,10 @@ def main() -> None:
                 print(f"stopping at step {step}: {'signal' if signalled else 'time budget'}; checkpoint saved",
                       flush=True)
             break
+    # Stop the loader workers now: they ignore SIGTERM (see data.py), so if anything (a compiled
+    # graph did) keeps the loader alive until interpreter exit, multiprocessing's exit handler
+    # would wait on them for ever.
+    data_iter.close()
     identical = parameters_identical_across_ranks(model, device)
     hosts = [None] * world  # which machine each rank ran on, for the record
     dist.all_gather_object(hosts, socket.gethostname())

@@ -6,11 +6,11 @@ runs over any torch.distributed backend (gloo, NCCL), for any world size, and it
 buffers, frozen variance and coefficients are part of its state_dict.
 
 Warmup stage (step ≤ freeze_step): LAMB on the gradients DeepSpeed allreduced, keeping each
-tensor's running mean trust ratio. After step freeze_step the variance is frozen and the
-engine's gradient allreduce is switched off (`on_freeze`); from then on each rank updates its
-momentum from its local gradient and the momenta are averaged by the error-compensated 1-bit
-allreduce (1 bit per element instead of 16–32), with a fresh variance estimate from the
-reconstructed gradient to scale the frozen LAMB coefficient.
+tensor's running mean trust ratio (bias-corrected). After step freeze_step the variance is
+frozen and the engine's gradient allreduce is switched off (`on_freeze`); from then on each rank
+updates its momentum from its local gradient and the momenta are averaged by the
+error-compensated 1-bit allreduce (1 bit per element instead of 16–32), with a fresh variance
+estimate from the reconstructed gradient to scale the frozen LAMB coefficient.
 """
 from __future__ import annotations
 
@@ -77,7 +77,12 @@ class OneBitLamb(torch.optim.Optimizer):
             if not state:
                 state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                state["coeff"] = torch.ones((), device=p.device)  # running mean trust ratio
+                # running mean of the trust ratio, from zero as in DeepSpeed's, divided by the sum
+                # of its weights (1 - coeff_beta^k) when used: a mean started at 1, or left biased,
+                # is far from the ratios seen when the freeze comes early (started at 1 it was 35x
+                # the ratio after a freeze at step 10, and the tiny model's loss went from 11 to 300)
+                state["coeff"] = torch.zeros((), device=p.device)
+                state["coeff_weight"] = torch.zeros((), device=p.device)
                 if id(p) in self.row_masked:
                     # float 0/1, not bool: Optimizer.load_state_dict casts state to the param dtype
                     state["row_seen"] = torch.zeros(p.shape[0], device=p.device)
@@ -91,6 +96,7 @@ class OneBitLamb(torch.optim.Optimizer):
                 update.add_(p.float(), alpha=group["weight_decay"])
             ratio = self._trust_ratio(p.float().norm(), update.norm(), group)
             state["coeff"].mul_(group["coeff_beta"]).add_(ratio, alpha=1 - group["coeff_beta"])
+            state["coeff_weight"].mul_(group["coeff_beta"]).add_(1 - group["coeff_beta"])
             p.add_((-group["lr"] * ratio * update).to(p.dtype))
 
     def _freeze(self) -> None:
@@ -147,7 +153,8 @@ class OneBitLamb(torch.optim.Optimizer):
             last = state.get("last_factor", torch.ones_like(factor))
             factor = factor.clamp(last * (1 - group["factor_threshold"]), last * (1 + group["factor_threshold"]))
             state["last_factor"] = factor
-            p.add_((-group["lr"] * state["coeff"] * factor * update).to(p.dtype))
+            frozen_coeff = state["coeff"] / state["coeff_weight"]
+            p.add_((-group["lr"] * frozen_coeff * factor * update).to(p.dtype))
 
     # The state shared by all ranks travels with DeepSpeed's checkpoint (written by rank 0);
     # the error buffers differ per rank and go to each rank's own file (rank_state_dict).

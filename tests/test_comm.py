@@ -126,3 +126,42 @@ def test_bucketwise_clipping_before_allreduce(world):
         assert matches          # per-bucket clip to c/√B, then the average
         assert norm <= 0.5 + 1e-6
         assert launched         # every bucket's allreduce started during backward
+
+
+def _freeze_worker(rank, world, port, freeze_step, results):
+    from commodity_bert.onebit_lamb import OneBitLamb
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)  # the same weights and gradients on every rank: the average is the gradient
+    params = [torch.nn.Parameter(torch.randn(256, 64) * 1e-4), torch.nn.Parameter(torch.randn(4096) * 1e-4)]
+    # gradients of one magnitude per tensor, so that 1-bit momenta (sign × block mean |m|) are exact
+    # and a step's size depends on the coefficient alone (with the varied magnitudes of real
+    # gradients, single compressed steps are noisy by design and only their sum is right)
+    gradients = [torch.randn_like(p).sign() * magnitude for p, magnitude in zip(params, (0.5, 2.0))]
+    # tiny weights against O(1) updates: the trust ratio sits at min_coeff, 0.01, at every warmup step
+    optimizer = OneBitLamb(params, lr=1e-3, min_coeff=0.01, freeze_step=freeze_step, scale_block=64)
+    moved = []
+    for _ in range(freeze_step + 3):
+        before = [p.detach().clone() for p in params]
+        for p, g in zip(params, gradients):
+            p.grad = g.clone()
+        optimizer.step()
+        moved.append(torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(params, before)]).norm().item())
+    results[rank] = moved
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("freeze_step", [10, 60])
+def test_frozen_coefficient_is_the_mean_trust_ratio_of_warmup(freeze_step):
+    """After the freeze, steps keep the size that warmup's trust ratios gave them: the frozen
+    coefficient is their mean, whatever the freeze step (a running mean started at 1 made the
+    first compressed steps ~35x too large after a freeze at step 10)."""
+    results = mp.Manager().dict()
+    mp.spawn(_freeze_worker, args=(2, free_port(), freeze_step, results), nprocs=2)
+    assert results[0] == results[1]
+    moved = results[0]
+    last_warmup = moved[freeze_step - 1]
+    for compressed in moved[freeze_step:]:
+        # the momentum still grows a little (no bias correction) and the factor starts within
+        # ±factor_threshold of 1
+        assert 0.8 * last_warmup < compressed < 1.25 * last_warmup, moved
