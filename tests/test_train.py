@@ -169,9 +169,16 @@ def test_onebit_lamb_on_three_ranks_stays_identical_and_sends_16x_less(tmp_path,
     assert sent[15] == sent[20] <= sent[10] / 16   # compression: 1-bit momenta
 
 
-def test_onebit_lamb_resume_equals_uninterrupted_across_the_freeze_step(tmp_path, data):
-    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
-    train(2, *ONEBIT, "--data", data, "--output-dir", whole, "--max-steps", 20)
+@pytest.fixture(scope="module")
+def onebit20(tmp_path_factory, data):
+    """2 ranks of 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage."""
+    run = tmp_path_factory.mktemp("onebit20") / "run"
+    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 20)
+    return run
+
+
+def test_onebit_lamb_resume_equals_uninterrupted_across_the_freeze_step(tmp_path, data, onebit20):
+    whole, pieces = onebit20, tmp_path / "pieces"
     for stop in (5, 15, 20):  # resumed before the freeze (crossing it) and inside the compression stage
         train(2, *ONEBIT, "--data", data, "--output-dir", pieces, "--max-steps", stop)
     keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent")
@@ -191,15 +198,17 @@ def test_bucketwise_clipping_trains_identically_on_all_ranks(tmp_path, data, run
     assert history[0]["bytes_sent"] == pytest.approx(rows(run30)[0]["bytes_sent"], rel=1e-3)
 
 
-def test_compiled_model_trains_like_eager(tmp_path, data, run30):
+def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
+    """--compile through both 1-bit LAMB stages, and every rank exits: compiled runs kept rank 1's
+    loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever."""
     run = tmp_path / "run"
-    train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 10, "--compile")
-    compiled, eager = rows(run), rows(run30)[:2]
-    assert [r["step"] for r in compiled] == [5, 10]
+    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=300)
+    compiled, eager = rows(run), rows(onebit20)[:3]
+    assert [r["step"] for r in compiled] == [5, 10, 15]
     assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True
     # the same samples and weights; only dropout's random stream differs under inductor
     for c, e in zip(compiled, eager):
-        assert c["loss"] == pytest.approx(e["loss"], abs=0.01), (c, e)  # loss moves ~0.04 in 10 steps
+        assert c["loss"] == pytest.approx(e["loss"], abs=0.02), (c, e)  # it moves 0.18 from step 10 to 15
 
 
 # ---- validation before launch: one clear line, before any step
