@@ -19,9 +19,13 @@ def test_pack_signs_round_trip():
     assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0))
 
 
-def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, results):
+def _join_gloo(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, results):
+    _join_gloo(rank, world, port)
     torch.manual_seed(rank)
     compressor = CompressedAllreduce(numel, "cpu", scale_block=scale_block)
     local = torch.randn(numel) * (rank + 1) + rank
@@ -77,8 +81,7 @@ def test_error_feedback_makes_the_running_average_exact(world, scale_block):
 
 def _bucketwise_worker(rank, world, port, results):
     from commodity_bert.bucket_clip import BucketwiseClipAllreduce
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join_gloo(rank, world, port)
     torch.manual_seed(0)  # same model everywhere
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
     params = list(model.parameters())
@@ -130,8 +133,7 @@ def test_bucketwise_clipping_before_allreduce(world):
 
 def _freeze_worker(rank, world, port, freeze_step, results):
     from commodity_bert.onebit_lamb import OneBitLamb
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join_gloo(rank, world, port)
     torch.manual_seed(0)  # the same weights and gradients on every rank: the average is the gradient
     params = [torch.nn.Parameter(torch.randn(256, 64) * 1e-4), torch.nn.Parameter(torch.randn(4096) * 1e-4)]
     # gradients of one magnitude per tensor, so that 1-bit momenta (sign × block mean |m|) are exact
