@@ -28,8 +28,9 @@ import torch.distributed as dist
 from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
-from commodity_bert.comm import BytesCounter, release_deepspeed_shm_buffer
+from commodity_bert.bytes_counter import BytesCounter
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
+from commodity_bert.deepspeed_shm import release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
 from commodity_bert.launch_checks import (
     LaunchError,

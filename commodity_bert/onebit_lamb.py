@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from commodity_bert.comm import CompressedAllreduce
+from commodity_bert.onebit_allreduce import CompressedAllreduce
 
 
 class OneBitLamb(torch.optim.Optimizer):
@@ -32,7 +32,7 @@ class OneBitLamb(torch.optim.Optimizer):
                     "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold}
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
-        self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (comm.py)
+        self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (onebit_allreduce.py)
         self.step_count = 0
         self.compressor: CompressedAllreduce | None = None
         self.on_freeze: Callable[[], None] | None = None  # turns the engine's allreduce off

@@ -115,7 +115,7 @@ def _shards(args) -> None:
 
 
 def _inspect(args) -> int:
-    from data_prep.inspect import format_report, inspect_dataset
+    from data_prep.inspection import format_report, inspect_dataset
     report, problems = inspect_dataset(args.dir, verify=args.verify)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     for problem in problems:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "vocab":
-            from data_prep.vocab import train_vocab
+            from data_prep.vocab_training import train_vocab
             vocab = train_vocab([_embedded(p) for p in args.input], args.output, args.vocab_size,
                                 args.lowercase, args.min_frequency, args.text_field, args.hf_split)
             print(f"{args.output}: {len(vocab)} tokens, sha256 {vocab.sha256}")

@@ -8,7 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-EXTRAS=${EXTRAS:-test$(command -v ompi_info >/dev/null && echo ,mpi)}
+# mpi4py only where Open MPI is installed (it compiles against it); a plain `&&` inside $(...)
+# would fail the assignment under `set -e` on machines without it
+if [ -z "${EXTRAS:-}" ]; then
+    EXTRAS=test
+    if command -v ompi_info >/dev/null 2>&1; then EXTRAS=test,mpi; fi
+fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --quiet --disable-pip-version-check"
 $PIP install --upgrade pip setuptools wheel

@@ -7,7 +7,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port
 
-from commodity_bert.comm import BytesCounter, CompressedAllreduce, pack_signs, unpack_signs
+from commodity_bert.bytes_counter import BytesCounter
+from commodity_bert.onebit_allreduce import CompressedAllreduce, pack_signs, unpack_signs
 
 
 def test_pack_signs_round_trip():
