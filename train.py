@@ -16,7 +16,6 @@ import re
 import signal
 import socket
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -27,11 +26,13 @@ import torch.distributed as dist
 
 from commodity_bert import checkpoint
 from commodity_bert import shard_format as fmt
+from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.bytes_counter import BytesCounter
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.deepspeed_shm import release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
+from commodity_bert.grad_norm import gradient_norm
 from commodity_bert.launch_checks import (
     LaunchError,
     check_data_against_model,
@@ -49,6 +50,7 @@ from commodity_bert.model import (
 )
 from commodity_bert.onebit_lamb import OneBitLamb
 from commodity_bert.optim import build_optimizer
+from commodity_bert.precision import current_loss_scale
 
 
 def parse_duration(text: str) -> float:
@@ -68,9 +70,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", required=True, help="RUN directory: metrics, checkpoints, hf_model")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps "
                    "(default: the scheduler's total_num_steps)")
-    p.add_argument("--time-budget", type=parse_duration, help="stop cleanly after this long, e.g. 24h")
+    p.add_argument("--time-budget", type=parse_duration,
+                   help="stop cleanly after this long in all, across relaunches (kept in checkpoints), e.g. 24h")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--resume", default="auto", help="auto (latest checkpoint in RUN, if any) | PATH | none")
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="resume onto a dataset other than the checkpoint's (from its first batch)")
     p.add_argument("--init-from", help="start from these weights: a RUN, its hf_model, or a checkpoint directory")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0: only at the end)")
@@ -89,7 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class StopRequest:
-    """SIGTERM / SIGUSR1 (preemption, Slurm's warning signal) ask for a checkpoint and a clean exit."""
+    """SIGTERM / SIGUSR1 (preemption, Slurm's warning signal) ask for a checkpoint and a clean exit.
+    They reach a rank when sent to it, or through bert-launch (commodity_bert/launcher.py), which
+    passes a signal sent to the launcher on to the ranks; DeepSpeed's own launcher does not."""
 
     def __init__(self):
         self.signalled = False
@@ -98,25 +105,6 @@ class StopRequest:
 
     def _handle(self, signum, frame):
         self.signalled = True
-
-
-def agree(flags: list[bool], device) -> list[bool]:
-    """Every rank takes the same decision: any rank's flag counts."""
-    t = torch.tensor([float(f) for f in flags], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
-def sum_across_ranks(values: dict, device) -> dict:
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
-def local_grad_norm(model) -> float | None:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))) if grads else None
 
 
 def evaluate(engine, batches, device) -> dict:
@@ -145,11 +133,11 @@ def parameters_identical_across_ranks(module, device) -> bool:
     return all(torch.equal(every[0], d) for d in every)
 
 
-def fail(message: str, everyone: bool = False):
-    """One error line (from rank 0, or from every rank that found the problem), exit 2."""
+def fail(message: str, everyone: bool = False, status: int = 2):
+    """One error line (from rank 0, or from every rank that found the problem), then exit."""
     if everyone or not dist.is_initialized() or dist.get_rank() == 0:
         print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def main() -> None:
@@ -172,6 +160,7 @@ def main() -> None:
         ds_config = load_deepspeed_config(args.deepspeed_config)
         total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
         manifest = fmt.load_manifest(args.data)
+        data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
         model_config = build_config(args.model, manifest["vocab"]["size"])
         check_data_against_model(manifest, model_config, args.data)
         batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers)
@@ -186,14 +175,23 @@ def main() -> None:
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")
 
+    # ---- where checkpoints live, and which one every rank resumes from
+    node_local = not checkpoint.storage_is_shared(run_dir)
+    if node_local:  # every node keeps a whole checkpoint of its own
+        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "use_node_local_storage": True}}
+    explicit_resume = args.resume not in ("auto", "none")
+    resume_dir = Path(args.resume) if explicit_resume else run_dir / "checkpoints"
+    try:
+        resume_tag = None if args.resume == "none" else checkpoint.agree_on_resume(resume_dir, explicit_resume)
+    except checkpoint.CheckpointError as exc:
+        fail(str(exc))
+    if args.export_only and resume_tag is None:
+        fail(f"--export-only: no checkpoint in {resume_dir} to export; train first, or give --resume PATH")
+
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DeepSpeed also broadcasts them)
     hf_model = build_model(model_config, nsp=manifest["nsp"])
-    resume_dir = run_dir / "checkpoints" if args.resume in ("auto", "none") else Path(args.resume)
-    resuming = args.resume != "none" and checkpoint.latest(resume_dir) is not None
-    if args.resume not in ("auto", "none") and not resuming:
-        fail(f"--resume {args.resume}: no checkpoint there (no 'latest' file naming a step directory)")
     init_checkpoint = None
-    if args.init_from and not resuming:
+    if args.init_from and resume_tag is None:
         source = Path(args.init_from)
         weights = source / "hf_model" if (source / "hf_model").is_dir() else source
         try:
@@ -215,6 +213,7 @@ def main() -> None:
     ds_config = {k: v for k, v in ds_config.items() if k != PROJECT_BLOCK}
     if bucketwise:
         ds_config["gradient_clipping"] = 0.0
+    zero_stage = ds_config.get("zero_optimization", {}).get("stage", 0)
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters, config=ds_config)
@@ -226,29 +225,33 @@ def main() -> None:
         engine.enable_backward_allreduce = False
         clipper = BucketwiseClipAllreduce(list(model.parameters()), bucketwise.get("bucket_mb", 25),
                                           bucketwise.get("max_norm", 1.0),
-                                          lambda: float(getattr(engine.optimizer, "cur_scale", 1.0)))
+                                          lambda: current_loss_scale(engine.optimizer))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     wire = BytesCounter().install()
-    samples = 0
-    if resuming:
-        state, rank_state = checkpoint.load(engine, resume_dir)
+    samples, clocks = 0, {}
+    if resume_tag is not None:
+        state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
         if isinstance(optimizer, OneBitLamb):
             optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
-        batches.load_state_dict(state["data"])
-        samples = state["samples"]
+        samples, clocks = state["samples"], state.get("clocks", {})
+        trained_on = state.get("data_digest")
+        if trained_on in (None, data_digest):
+            batches.load_state_dict(state["data"])
+        elif args.allow_data_change:
+            if rank == 0:
+                print(f"--allow-data-change: {args.data} is not the data {resume_tag} was trained on; "
+                      f"starting at its first batch", flush=True)
+        else:
+            fail(f"{resume_dir / resume_tag} was trained on other data (manifest sha256 {trained_on[:12]}…, "
+                 f"--data {args.data} has {data_digest[:12]}…); give the same --data to resume, "
+                 f"or --allow-data-change to go on from these weights with this data")
         if rank == 0:
-            print(f"resuming from {resume_dir} at step {engine.global_steps}", flush=True)
+            print(f"resuming from {resume_dir / resume_tag} at step {engine.global_steps}", flush=True)
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
     lowercase = manifest["vocab"].get("lowercase", True)
     vocab_path = Path(args.data) / fmt.VOCAB_NAME
-
-    def save() -> None:
-        checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps,
-                        {"data": batches.state_dict(), "samples": samples, "args": vars(args)},
-                        args.keep_checkpoints,
-                        {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, OneBitLamb) else None)
 
     def export() -> None:
         if rank == 0:
@@ -262,108 +265,84 @@ def main() -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "run_config.json").write_text(json.dumps(
             {"args": vars(args), "deepspeed_config": ds_config, "world_size": world,
-             "model_config": model_config.to_dict()}, indent=1, default=str))
+             "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, indent=1, default=str))
     metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps)
     stop = StopRequest()
+    book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
+                       log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
+                       save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
+                       bytes_sent=lambda: wire.total, clocks=clocks)
+
+    def save() -> None:
+        client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
+                        "clocks": book.clocks(), "data_digest": data_digest}
+        rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, OneBitLamb) else None
+        checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps, client_state,
+                        args.keep_checkpoints, rank_state, node_local)
+        book.saved()
+
+    def measure_grad_norm():
+        """Before clipping (the clipper and the optimizer step have not run yet)."""
+        averaged = clipper is None and engine.enable_backward_allreduce
+        before = wire.total
+        norm = gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged)
+        book.exclude_bytes(wire.total - before)
+        return norm
 
     # ---- the loop
-    started = last_log = last_save = time.time()
-    evaluating = 0.0  # seconds spent scoring the held-out set, left out of elapsed_s
-
-    def score() -> dict:
-        nonlocal evaluating
-        scoring = time.time()
-        result = evaluate(engine, val_batches, device)
-        evaluating += time.time() - scoring
-        return result
-
-    # summed on the device and read once per log step: no host sync per micro-batch
-    window_keys = ("loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "real_tokens")
-    window = torch.zeros(len(window_keys), dtype=torch.float64, device=device)
-    flops = 0.0
-    micro_batches = 0
-    grad_norm = None
-    data_wait = 0.0
-    steps_in_window = 0
-    bytes_at_log, evaluating_at_log = wire.total, 0.0
     last_eval: dict = {}
     data_iter = iter(batches)
     engine.train()
-    while engine.global_steps < max_steps:
-        log_step = (engine.global_steps + 1) % args.log_every == 0
-        for micro in range(accumulation):
-            waited = time.perf_counter()
-            batch = next(data_iter)
-            data_wait += time.perf_counter() - waited
-            flops += executed_training_flops(model_config, batch)  # from the host copy: no device sync
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            loss, stats = engine(batch)
-            boundary = micro == accumulation - 1
-            if clipper and boundary:
-                clipper.start_boundary_backward()
-            engine.backward(loss)
-            if clipper and boundary:
-                clipper.finish()
-            if log_step and boundary:
-                grad_norm = local_grad_norm(model)  # DeepSpeed reports none for fp32 without ZeRO
-            engine.step()
-            stats = {**stats, "loss": loss.detach(), "real_tokens": batch["real_tokens"]}
-            window += torch.stack([stats[k].double() if k in stats else window.new_zeros(())
-                                   for k in window_keys])
-            micro_batches += 1
-        samples += total_batch
-        steps_in_window += 1
-        step = engine.global_steps
-        out_of_time = args.time_budget is not None and time.time() - started >= args.time_budget
-        save_due = bool(args.save_every and step % args.save_every == 0) or \
-            bool(args.save_every_minutes and time.time() - last_save >= args.save_every_minutes * 60)
-        # one small collective a step: every rank stops and saves at the same step
-        signalled, out_of_time, save_due = agree([stop.signalled, out_of_time, save_due], device)
-        finished = signalled or out_of_time or step >= max_steps
+    try:
+        while engine.global_steps < max_steps:
+            step = engine.global_steps + 1
+            # free to measure every step where DeepSpeed averaged the gradients; else at logged steps
+            grad_norm, measure = None, zero_stage == 0 and (
+                book.is_log_step(step) or (clipper is None and engine.enable_backward_allreduce))
+            for micro in range(accumulation):
+                batch = book.next_batch(data_iter)
+                flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                loss, stats = engine(batch)
+                boundary = micro == accumulation - 1
+                if clipper and boundary:
+                    clipper.start_boundary_backward()
+                engine.backward(loss)
+                if boundary and measure:
+                    grad_norm = measure_grad_norm()
+                if clipper and boundary:
+                    clipper.finish()
+                engine.step()
+                book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
+            if grad_norm is None and (zero_stage or measure):  # ZeRO, or DeepSpeed's own flat buffers
+                grad_norm = engine.get_global_grad_norm()
+            book.end_step(grad_norm)
+            samples += total_batch
+            decision = book.decide(step, stop.signalled)
 
-        if step % args.log_every == 0 or finished:
-            bytes_sent = (wire.total - bytes_at_log) / steps_in_window  # before the metrics' own collectives
-            dist.all_reduce(window)
-            totals = dict(zip(window_keys, window.tolist()))
-            total_flops = sum_across_ranks({"flops": flops}, device)["flops"]
-            window_s = time.time() - last_log - (evaluating - evaluating_at_log)  # rates leave scoring out
-            row = {"step": step, "samples": samples, "elapsed_s": time.time() - started - evaluating,
-                   "loss": totals["loss"] / (micro_batches * world),
-                   "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
-                   "lr": scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
-                   "loss_scale": float(getattr(engine.optimizer, "cur_scale", 1.0)),
-                   "grad_norm": float(engine.get_global_grad_norm() or grad_norm or 0.0),
-                   "seq_per_s": steps_in_window * total_batch / window_s,
-                   "tokens_per_s": totals["real_tokens"] / window_s,
-                   "tflops": total_flops / window_s / 1e12,
-                   "data_wait_s": data_wait / steps_in_window,
-                   "bytes_sent": bytes_sent}
-            if totals["nsp_count"]:
-                row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
-            if args.eval_every and step % args.eval_every == 0 or finished:
-                last_eval = score()
-                row.update(last_eval)
-            metrics.log(row)
-            if rank == 0:
-                print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-                      flush=True)
-            window.zero_()
-            flops, micro_batches, grad_norm = 0.0, 0, None
-            data_wait, steps_in_window, last_log = 0.0, 0, time.time()
-            bytes_at_log, evaluating_at_log = wire.total, evaluating
-        elif args.eval_every and step % args.eval_every == 0:
-            trained_s = time.time() - started - evaluating
-            last_eval = score()
-            metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
-
-        if save_due or finished:
-            save()
-            last_save = time.time()
-        if signalled or out_of_time:
-            if rank == 0:
-                print(f"stopping at step {step}: {'signal' if signalled else 'time budget'}; checkpoint saved",
-                      flush=True)
-            break
+            if decision.log:
+                row = book.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
+                               current_loss_scale(engine.optimizer))
+                if decision.evaluate:
+                    last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
+                    row.update(last_eval)
+                metrics.log(row)
+                if rank == 0:
+                    print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+                          flush=True)
+            elif decision.evaluate:
+                trained_s = book.trained_s()
+                last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
+                metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
+            if decision.save:
+                save()
+            if decision.stop in ("signal", "time budget"):
+                if rank == 0:
+                    print(f"stopping at step {step}: {decision.stop}; checkpoint saved", flush=True)
+                break
+    except checkpoint.CheckpointError as exc:
+        data_iter.close()
+        fail(str(exc), status=3)
     # Stop the loader workers now: they ignore SIGTERM (see data.py), so if anything (a compiled
     # graph did) keeps the loader alive until interpreter exit, multiprocessing's exit handler
     # would wait on them for ever.
@@ -373,9 +352,9 @@ def main() -> None:
     dist.all_gather_object(hosts, socket.gethostname())
     export()
     if rank == 0:
-        summary = {"step": engine.global_steps, "samples": samples, "wall_s": time.time() - started,
-                   "world_size": world, "hosts": hosts, "params_identical_across_ranks": identical,
-                   **last_eval}
+        summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
+                   "trained_s": book.trained_s(), "world_size": world, "hosts": hosts,
+                   "params_identical_across_ranks": identical, **last_eval}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         print(f"done: {json.dumps(summary)}", flush=True)
     metrics.close()

@@ -1,9 +1,10 @@
 """Training data: the shards of `bert-data-prep`, split across ranks, batched by strata.
 
-Every micro-batch on every rank takes the same number of samples from each length stratum
-(proportional to the dataset's shares), as MLPerf's BERT does: per rank and epoch each
-stratum is shuffled and cut into rows of its count, and batch r is row r of every stratum.
-Work per rank is then balanced without any communication. Each batch is trimmed to its
+Every micro-batch on every rank takes the same number of samples from each length stratum, as
+MLPerf's BERT does: one schedule, computed by every rank from the manifest, spreads each
+stratum's samples evenly over the epoch's batches (a stratum smaller than one sample per batch
+appears in every k-th batch), and each rank fills it with its own shuffled samples. Work per
+rank is then balanced without any communication. Each batch is trimmed to its
 longest sample (rounded up to a multiple of 8). Unmasked (dynamic) shards are masked here,
 with a generator seeded by (seed, epoch, rank, batch) so a resumed run masks exactly as an
 uninterrupted one.
@@ -31,79 +32,113 @@ class DataError(Exception):
     pass
 
 
-def load_arrays(paths: list[Path]) -> dict[str, np.ndarray]:
-    """The arrays of several shards, concatenated (input_mask is rebuilt from lengths)."""
+def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of several shards, concatenated (input_mask is rebuilt from lengths). With
+    `sha256s` (the manifest's), a shard whose bytes differ from what was written is refused: it
+    may read fine and still hold other samples (a shard copied from another dataset, a partial
+    rsync), and would train silently."""
     parts = []
-    for path in paths:
+    for i, path in enumerate(paths):
         if not path.is_file():
             raise DataError(f"shard {path} is missing; re-run bert-data-prep shards with the same arguments")
         try:
             arrays = fmt.read_shard(path)
         except fmt.ShardFormatError as exc:
             raise DataError(str(exc)) from exc
+        if sha256s is not None and fmt.sha256_file(path) != sha256s[i]:
+            raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
+                            f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
         parts.append({k: arrays[k] for k in ARRAY_KEYS if k in arrays})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def strata_counts_per_batch(shares: list[float], micro_batch: int) -> np.ndarray:
-    """Samples of each stratum in a micro-batch: largest-remainder rounding of the shares."""
-    exact = np.asarray(shares, dtype=np.float64) * micro_batch
-    counts = np.floor(exact).astype(np.int64)
-    for s in np.argsort(-(exact - counts), kind="stable")[: micro_batch - counts.sum()]:
-        counts[s] += 1
-    return counts
+def load_split(data_dir: str | Path, manifest: dict, split: str, shards: slice = slice(None)) -> dict[str, np.ndarray]:
+    """The arrays of a split's shards (a slice of them), each checked against the manifest."""
+    paths = fmt.shard_paths(data_dir, manifest, split)[shards]
+    digests = [entry["sha256"] for entry in manifest["splits"][split]["shards"]][shards]
+    return load_arrays(paths, digests)
+
+
+def spread_strata(take: np.ndarray, micro_batch: int) -> np.ndarray:
+    """[batches, micro_batch] stratum labels with `take[s]` samples of stratum s in all: every
+    batch holds ⌊ideal⌋ or ⌈ideal⌉ of each stratum (ideal = take[s] / batches), the ⌈⌉ going to
+    the strata furthest behind, so a stratum too small for a whole sample per batch still trains
+    (in every k-th batch) instead of rounding to zero and never training."""
+    batches = int(take.sum()) // micro_batch
+    ideal = take / batches
+    base = np.floor(ideal).astype(np.int64)
+    extra = micro_batch - int(base.sum())
+    given = np.zeros_like(base)
+    rows = np.empty((batches, len(take)), dtype=np.int64)
+    for r in range(batches):
+        behind = ideal * (r + 1) - (given + base)
+        counts = base.copy()
+        counts[np.argsort(-behind, kind="stable")[:extra]] += 1
+        given += counts
+        rows[r] = counts
+    assert np.array_equal(given, take), (given, take)  # cumulative rounding ends on the totals
+    return np.stack([np.repeat(np.arange(len(take)), counts) for counts in rows])
 
 
 @dataclass
 class RankData:
     arrays: dict[str, np.ndarray]
     strata: list[np.ndarray]   # sample indices of each stratum
-    batches_per_epoch: int
+    schedule: np.ndarray       # [batches, micro_batch] stratum of each slot, the same on every rank
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.schedule)
 
 
-def rank_training_data(data_dir: str | Path, manifest: dict, rank: int, world: int,
-                       micro_batch: int) -> tuple[RankData, np.ndarray]:
-    """This rank's disjoint share of the training samples, and the strata counts per batch.
+def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.ndarray:
+    """Which stratum fills each slot of each micro-batch of an epoch, from what every rank holds
+    ([ranks, strata], known from the manifest: no communication). Every rank gets the same
+    schedule, so every micro-batch on every rank has the same length mix and no rank waits for
+    another; each rank trains all its samples but fewer than one micro-batch (plus the few by
+    which shards differ), a different few every epoch."""
+    least = rank_counts.min(axis=0)  # what every rank holds at least, per stratum
+    batches = int(least.sum()) // micro_batch
+    if batches == 0:
+        raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
+                        f"{len(rank_counts)} ranks; make more data or use a smaller micro-batch")
+    exact = least / least.sum() * batches * micro_batch
+    take = np.floor(exact).astype(np.int64)
+    for s in np.argsort(-(exact - take), kind="stable")[: batches * micro_batch - take.sum()]:
+        take[s] += 1
+    return spread_strata(take, micro_batch)
+
+
+def rank_training_data(data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int) -> RankData:
+    """This rank's disjoint share of the training samples and the epoch's strata schedule.
 
     With a shard count that is a multiple of the world size, rank r reads shards r, r+W, …;
     otherwise every rank reads all shards and keeps every W-th sample of each stratum."""
-    paths = fmt.shard_paths(data_dir, manifest, "train")
     entries = manifest["splits"]["train"]["shards"]
     seq_len, num_strata = manifest["seq_len"], manifest["num_strata"]
-    per_batch = strata_counts_per_batch(manifest["splits"]["train"]["strata_shares"], micro_batch)
-    if len(paths) % world == 0:
-        arrays = load_arrays(paths[rank::world])
+    if len(entries) % world == 0:
+        arrays = load_split(data_dir, manifest, "train", slice(rank, None, world))
         strata_all = fmt.stratum_of(arrays["lengths"], seq_len, num_strata)
         strata = [np.flatnonzero(strata_all == s) for s in range(num_strata)]
         rank_counts = np.array([[sum(e["strata_counts"][s] for e in entries[r::world]) for s in range(num_strata)]
                                 for r in range(world)])
     else:
-        arrays = load_arrays(paths)
+        arrays = load_split(data_dir, manifest, "train")
         strata_all = fmt.stratum_of(arrays["lengths"], seq_len, num_strata)
         strata = [np.flatnonzero(strata_all == s)[rank::world] for s in range(num_strata)]
         total = np.array(manifest["splits"]["train"]["strata_counts"])
         rank_counts = np.array([[len(range(r, n, world)) for n in total] for r in range(world)])
-    used = per_batch > 0
-    # every rank must run the same number of batches, or collectives would hang: the
-    # manifest tells each rank what every other rank holds
-    batches = int((rank_counts[:, used] // per_batch[used]).min())
-    if batches == 0:
-        raise DataError(f"{data_dir}: too few training samples for a micro-batch of {micro_batch} on "
-                        f"{world} ranks; make more data or use a smaller micro-batch")
-    return RankData(arrays, strata, batches), per_batch
+    return RankData(arrays, strata, epoch_schedule(rank_counts, micro_batch, str(data_dir)))
 
 
-def epoch_plan(data: RankData, per_batch: np.ndarray, seed: int, epoch: int, rank: int) -> np.ndarray:
-    """[batches, micro_batch] sample indices: batch r is row r of every stratum."""
+def epoch_plan(data: RankData, seed: int, epoch: int, rank: int) -> np.ndarray:
+    """[batches, micro_batch] sample indices following the schedule, strata shuffled per epoch."""
     rng = np.random.default_rng([seed, epoch, rank])
-    columns = []
-    for indices, count in zip(data.strata, per_batch):
-        if count == 0:
-            continue
-        rows = rng.permutation(indices)[: data.batches_per_epoch * count]
-        columns.append(rows.reshape(data.batches_per_epoch, count))
-    plan = np.concatenate(columns, axis=1)
-    return plan[:, rng.permutation(plan.shape[1])]  # strata mixed within the batch
+    plan = np.empty(data.schedule.shape, dtype=np.int64)
+    for s, indices in enumerate(data.strata):
+        slots = data.schedule == s
+        plan[slots] = rng.permutation(indices)[: int(slots.sum())]
+    return plan
 
 
 class BatchMaker:
@@ -182,7 +217,7 @@ class TrainingBatches:
 
     def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int,
                  seed: int, num_workers: int):
-        self.data, self.per_batch = rank_training_data(data_dir, manifest, rank, world, micro_batch)
+        self.data = rank_training_data(data_dir, manifest, rank, world, micro_batch)
         vocab = Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
         static = manifest["splits"]["train"]["masking"] == "static"
         self.maker = BatchMaker(self.data.arrays, manifest, vocab, seed, static)
@@ -197,7 +232,7 @@ class TrainingBatches:
 
     def __iter__(self):
         while True:
-            plan = epoch_plan(self.data, self.per_batch, self.seed, self.epoch, self.rank)
+            plan = epoch_plan(self.data, self.seed, self.epoch, self.rank)
             dataset = _PlannedBatches(self.maker, plan, self.batch, (self.epoch, self.rank))
             # its own generator: a loader drawing its worker seed from the global RNG would shift
             # dropout after a resume, which creates the loader at another point of the run
@@ -213,10 +248,9 @@ class TrainingBatches:
 
 def validation_batches(data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int):
     """This rank's slice of the held-out split (statically masked), in length order."""
-    paths = fmt.shard_paths(data_dir, manifest, "validation")
-    if not paths or manifest["splits"]["validation"]["samples"] == 0:
+    if not manifest["splits"]["validation"]["shards"] or manifest["splits"]["validation"]["samples"] == 0:
         return []
-    arrays = load_arrays(paths)
+    arrays = load_split(data_dir, manifest, "validation")
     order = np.argsort(arrays["lengths"], kind="stable")[rank::world]
     maker = BatchMaker(arrays, manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME), seed=0, static=True)
     return [maker(order[i:i + micro_batch], ()) for i in range(0, len(order), micro_batch)]

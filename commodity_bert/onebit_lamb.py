@@ -19,28 +19,29 @@ from collections.abc import Callable
 import torch
 
 from commodity_bert.onebit_allreduce import CompressedAllreduce
+from commodity_bert.precision import is_priming_step
 
 
 class OneBitLamb(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01,
                  freeze_step: int = 100000, coeff_beta: float = 0.9, factor_max: float = 4.0,
-                 factor_min: float = 0.5, factor_threshold: float = 0.1, scale_block: int | None = 256,
-                 row_masked=()):
+                 factor_min: float = 0.5, factor_threshold: float = 0.1, scale_block: int | None = 256):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                     "max_coeff": max_coeff, "min_coeff": min_coeff, "coeff_beta": coeff_beta,
-                    "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold}
+                    "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold,
+                    "row_masked": False}
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
         self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (onebit_allreduce.py)
         self.step_count = 0
         self.compressor: CompressedAllreduce | None = None
         self.on_freeze: Callable[[], None] | None = None  # turns the engine's allreduce off
-        # tensors whose rows may get no gradient in warmup (position embeddings past the
-        # sequence length, tokens not seen yet): their momentum is masked to the rows seen in
-        # warmup. 1-bit quantization gives every element the same magnitude, and divided by
-        # the ~0 frozen variance of an unseen row it would be a huge step.
-        self.row_masked = {id(p) for p in row_masked}
+        # A param group with "row_masked": True holds tensors whose rows may get no gradient in
+        # warmup (position embeddings past the sequence length, tokens not seen yet): their
+        # momentum is masked to the rows seen in warmup. 1-bit quantization gives every element
+        # the same magnitude, and divided by the ~0 frozen variance of an unseen row it would be
+        # a huge step.
 
     @property
     def frozen(self) -> bool:
@@ -59,6 +60,8 @@ class OneBitLamb(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        if self.step_count == 0 and is_priming_step(self):
+            return loss
         if self.frozen:
             self._compression_step()
         else:
@@ -83,7 +86,7 @@ class OneBitLamb(torch.optim.Optimizer):
                 # the ratio after a freeze at step 10, and the tiny model's loss went from 11 to 300)
                 state["coeff"] = torch.zeros((), device=p.device)
                 state["coeff_weight"] = torch.zeros((), device=p.device)
-                if id(p) in self.row_masked:
+                if group["row_masked"]:
                     # float 0/1, not bool: Optimizer.load_state_dict casts state to the param dtype
                     state["row_seen"] = torch.zeros(p.shape[0], device=p.device)
             beta1, beta2 = group["betas"]

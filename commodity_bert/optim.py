@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from commodity_bert.precision import is_priming_step
+
 DEEPSPEED_BUILT = {"adam", "adamw"}
 PROJECT_OPTIMIZERS = {"lamb", "onebitlamb"}
 LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}
@@ -33,6 +35,8 @@ class Lamb(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
+        if not self.state and is_priming_step(self):
+            return loss
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -103,8 +107,14 @@ def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
     if name == "onebitlamb":
         from commodity_bert.onebit_lamb import OneBitLamb
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}
-        embeddings = [p for n, p in model.named_parameters() if n.endswith("embeddings.weight")]
-        optimizer = OneBitLamb(groups, row_masked=embeddings,
-                               **{k: v for k, v in params.items() if k in ONEBIT_LAMB_PARAMS})
+        # embedding tables get a group of their own, marked for the row mask (onebit_lamb.py): a
+        # group option, unlike parameter identities, survives DeepSpeed's fp16/bf16 wrapper, which
+        # replaces the groups' tensors by fp32 copies
+        embeddings = {id(p) for n, p in model.named_parameters() if n.endswith("embeddings.weight")}
+        decay = groups[0]
+        groups = [{**decay, "params": [p for p in decay["params"] if id(p) not in embeddings]},
+                  {**decay, "params": [p for p in decay["params"] if id(p) in embeddings], "row_masked": True},
+                  *groups[1:]]
+        optimizer = OneBitLamb(groups, **{k: v for k, v in params.items() if k in ONEBIT_LAMB_PARAMS})
         return optimizer, groups, config
     raise ValueError(f"optimizer {block.get('type')!r} is not supported here")

@@ -1,0 +1,147 @@
+"""The training loop's bookkeeping, so that train.py's loop reads batch → forward → backward →
+step → log/eval/save: what the metrics window has summed, the clocks, and the decisions to
+log, evaluate, save and stop, taken alike on every rank.
+
+Clocks: `wall_s` is the run's wall time and `trained_s` the same with evaluations left out
+(the `elapsed_s` of the metrics, for time-to-accuracy plots); both continue across relaunches
+(the checkpoint keeps them), and `--time-budget` is measured on `wall_s`, so a preempted and
+relaunched run stops where one uninterrupted run would have.
+
+`grad_norm` in the metrics means one thing on every path: the L2 norm of the gradient averaged
+over ranks, without the loss scale, before any clipping, at the logged step (train.py measures
+it; null where it was not measured)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+WINDOW_KEYS = ("loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "real_tokens")
+
+
+def agree(flags: list[bool], device) -> list[bool]:
+    """Every rank takes the same decision: any rank's flag counts."""
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
+def sum_across_ranks(values: dict, device) -> dict:
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+@dataclass
+class Decision:
+    log: bool
+    evaluate: bool
+    save: bool
+    stop: str | None  # why the loop ends after this step: "signal", "time budget", "max steps"
+
+
+class Bookkeeping:
+    def __init__(self, *, device, world: int, total_batch: int, max_steps: int, log_every: int,
+                 eval_every: int, save_every: int, save_every_minutes: float, time_budget: float | None,
+                 bytes_sent, clocks: dict | None = None):
+        self.device, self.world, self.total_batch = device, world, total_batch
+        self.max_steps, self.log_every, self.eval_every = max_steps, log_every, eval_every
+        self.save_every, self.save_every_minutes, self.time_budget = save_every, save_every_minutes, time_budget
+        self.bytes_sent = bytes_sent  # a callable: this rank's bytes on the wire so far
+        clocks = clocks or {}
+        self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
+        self.started = self.last_save = time.time()
+        self.evaluating = 0.0  # seconds spent scoring the held-out set in this launch
+        self.window = torch.zeros(len(WINDOW_KEYS), dtype=torch.float64, device=device)
+        self._reset_window()
+
+    # ---- clocks
+    def wall_s(self) -> float:
+        return self.wall_before + time.time() - self.started
+
+    def trained_s(self) -> float:
+        return self.trained_before + time.time() - self.started - self.evaluating
+
+    def clocks(self) -> dict:
+        return {"wall_s": self.wall_s(), "trained_s": self.trained_s()}
+
+    # ---- the window
+    def _reset_window(self) -> None:
+        self.window.zero_()
+        self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
+        self.grad_norm: torch.Tensor | None = None
+        self.unlogged_bytes = 0  # measurement traffic, not training's
+        self.window_started, self.evaluating_at_start = time.time(), self.evaluating
+        self.bytes_at_start = self.bytes_sent()
+
+    def next_batch(self, batches):
+        waited = time.perf_counter()
+        batch = next(batches)
+        self.data_wait += time.perf_counter() - waited
+        return batch
+
+    def add_micro_batch(self, loss: torch.Tensor, stats: dict, real_tokens: torch.Tensor, flops: float) -> None:
+        # summed on the device and read once per log step: no host sync per micro-batch
+        stats = {**stats, "loss": loss.detach(), "real_tokens": real_tokens}
+        self.window += torch.stack([stats[k].double() if k in stats else self.window.new_zeros(())
+                                    for k in WINDOW_KEYS])
+        self.flops += flops
+        self.micro_batches += 1
+
+    def end_step(self, grad_norm) -> None:
+        self.steps += 1
+        self.grad_norm = grad_norm
+
+    def exclude_bytes(self, count: int) -> None:
+        self.unlogged_bytes += count
+
+    # ---- decisions
+    def is_log_step(self, step: int) -> bool:
+        return step % self.log_every == 0 or step >= self.max_steps
+
+    def decide(self, step: int, signalled: bool) -> Decision:
+        out_of_time = self.time_budget is not None and self.wall_s() >= self.time_budget
+        save_due = bool(self.save_every and step % self.save_every == 0) or \
+            bool(self.save_every_minutes and time.time() - self.last_save >= self.save_every_minutes * 60)
+        # one small collective a step: every rank stops and saves at the same step
+        signalled, out_of_time, save_due = agree([signalled, out_of_time, save_due], self.device)
+        stop = "signal" if signalled else "time budget" if out_of_time else "max steps" if step >= self.max_steps \
+            else None
+        return Decision(log=self.is_log_step(step) or stop is not None,
+                        evaluate=bool(self.eval_every and step % self.eval_every == 0) or stop is not None,
+                        save=save_due or stop is not None, stop=stop)
+
+    def saved(self) -> None:
+        self.last_save = time.time()
+
+    # ---- what gets logged
+    def evaluate(self, score) -> dict:
+        started = time.time()
+        result = score()
+        self.evaluating += time.time() - started
+        return result
+
+    def row(self, step: int, samples: int, lr: float, loss_scale: float) -> dict:
+        """The window's metrics (collectives: call on every rank), then a fresh window."""
+        bytes_sent = (self.bytes_sent() - self.bytes_at_start - self.unlogged_bytes) / self.steps
+        dist.all_reduce(self.window)
+        totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
+        total_flops = sum_across_ranks({"flops": self.flops}, self.device)["flops"]
+        seconds = time.time() - self.window_started - (self.evaluating - self.evaluating_at_start)
+        row = {"step": step, "samples": samples, "elapsed_s": self.trained_s(),
+               "loss": totals["loss"] / (self.micro_batches * self.world),
+               "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
+               "lr": lr, "loss_scale": loss_scale,
+               "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
+               "seq_per_s": self.steps * self.total_batch / seconds,
+               "tokens_per_s": totals["real_tokens"] / seconds,
+               "tflops": total_flops / seconds / 1e12,
+               "data_wait_s": self.data_wait / self.steps,
+               "bytes_sent": bytes_sent}
+        if totals["nsp_count"]:
+            row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
+        self._reset_window()
+        return row
