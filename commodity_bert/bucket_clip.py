@@ -1,4 +1,4 @@
-"""Bucket-wise gradient clipping before allreduce (MLPerf BERT; ALGORITHMS.md).
+"""Bucket-wise gradient clipping before allreduce (MLPerf BERT; docs/ALGORITHMS.md).
 
 Clipping after the allreduce needs the reduced gradient, clipping before it needs the whole
 local norm: either way communication waits for the end of backward. Here the gradients are

@@ -87,13 +87,14 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def _space_message(directory: Path, tag: str, need: int, what: str) -> str:
+def _space_message(directory: Path, tag: str, need: int, what: str, at_least: bool) -> str:
     free = shutil.disk_usage(directory).free if directory.exists() else 0
     previous = latest(directory)
     kept = f"{previous} is intact" if previous else "there is no earlier checkpoint"
+    size = f"{'more than' if at_least else 'about'} {need / 2**20:,.0f} MB"
     return (f"cannot write checkpoint {directory / tag} ({what}): {free / 2**20:,.0f} MB free there and a "
-            f"checkpoint needs about {need / 2**20:,.0f} MB; the partial {tag} was removed and {kept}. Free "
-            f"space there or use an --output-dir on a larger disk, then relaunch the same command to resume")
+            f"checkpoint needs {size}; the partial {tag} was removed and {kept}. Free space there or use an "
+            f"--output-dir on a larger disk, then relaunch the same command to resume")
 
 
 def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank_state: dict | None = None,
@@ -106,12 +107,7 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     rank = dist.get_rank()
     writer = is_writer(node_local)
     previous = latest(directory)
-    need = _size(directory / previous) if previous else 0
-    free = shutil.disk_usage(directory).free if directory.exists() else None
-    short = [None] * dist.get_world_size()
-    dist.all_gather_object(short, writer and free is not None and need * 1.05 > free)
-    if any(short):
-        raise CheckpointError(_space_message(directory, tag, need, "not enough free space"))
+    need = _size(directory / previous) if previous else 0  # the last one's size: this one's, about
 
     # DeepSpeed raises from deep inside torch.save when a write fails, between its own
     # collectives; a rank that left there would hang the others. Each write is tried here and
@@ -143,12 +139,12 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     dist.all_gather_object(failures, errors[0] if errors else None)
     dist.barrier()
     if any(failures):
+        partial = _size(directory / tag)
         if writer:
-            need = max(need, _size(directory / tag))
             shutil.rmtree(directory / tag, ignore_errors=True)
         dist.barrier()
         reason = next(f for f in failures if f)
-        raise CheckpointError(_space_message(directory, tag, need, reason))
+        raise CheckpointError(_space_message(directory, tag, need or partial, reason, at_least=not need))
     if writer:
         (directory / "latest.tmp").write_text(tag)
         (directory / "latest.tmp").replace(directory / "latest")

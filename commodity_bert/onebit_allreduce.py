@@ -41,7 +41,7 @@ def unpack_signs(packed: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 
 
 class CompressedAllreduce:
-    """Error-compensated 1-bit allreduce (1-bit Adam/LAMB papers; ALGORITHMS.md).
+    """Error-compensated 1-bit allreduce (1-bit Adam/LAMB papers; docs/ALGORITHMS.md).
 
     Each rank adds its worker error to the buffer, sends signs (1 bit per element) and its
     scales; rank j averages chunk j of every rank ("server"), adds its server error, and sends

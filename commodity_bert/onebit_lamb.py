@@ -1,4 +1,4 @@
-"""1-bit LAMB (Li et al., arXiv 2104.06069), following ../ALGORITHMS.md.
+"""1-bit LAMB (Li et al., arXiv 2104.06069), following docs/ALGORITHMS.md ("1-bit LAMB").
 
 Written here because DeepSpeed deleted its OneBitLamb in 2026; before that it needed CUDA and
 CuPy, refused ZeRO and reset its error feedback whenever a checkpoint was loaded. This one

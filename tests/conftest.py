@@ -81,3 +81,47 @@ def train_data(tmp_path_factory, sotu_small) -> Path:
     run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
             "--val-fraction", 0.05, "--workers", 2, "--output", out)
     return out
+
+
+# ---- training through DeepSpeed's launcher, and the runs several test modules compare against
+
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
+ONEBIT = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_onebit_lamb.json", "--model", "tiny",
+          "--log-every", 5, "--num-workers", 1]
+
+
+def launch_cmd(ranks: int, *args) -> list[str]:
+    return [DEEPSPEED, "--num_gpus", str(ranks), "--master_port", str(free_port()), "train.py", *map(str, args)]
+
+
+def train(ranks, *args, check=True, timeout=600):
+    proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def run30(tmp_path_factory, train_data):
+    """2 ranks of LAMB in fp32, 30 steps: the reference run of the training tests."""
+    run = tmp_path_factory.mktemp("run30") / "run"
+    train(2, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 30, "--eval-every", 15,
+          "--save-every", 10, "--keep-checkpoints", 2)
+    return run
+
+
+@pytest.fixture(scope="session")
+def onebit20(tmp_path_factory, train_data):
+    """2 ranks of 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage."""
+    run = tmp_path_factory.mktemp("onebit20") / "run"
+    train(2, *ONEBIT, "--data", train_data, "--output-dir", run, "--max-steps", 20)
+    return run
+
+

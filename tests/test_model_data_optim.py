@@ -10,8 +10,8 @@ from conftest import run_cli
 from commodity_bert import shard_format as fmt
 from commodity_bert.data import (
     BatchMaker,
-    TrainingBatches,
     RankData,
+    TrainingBatches,
     epoch_plan,
     epoch_schedule,
     rank_training_data,

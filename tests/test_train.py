@@ -3,48 +3,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, free_port
-
-DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
-CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
-
-
-def launch_cmd(ranks: int, *args) -> list[str]:
-    return [DEEPSPEED, "--num_gpus", str(ranks), "--master_port", str(free_port()), "train.py", *map(str, args)]
-
-
-def train(ranks, *args, check=True, timeout=600):
-    proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
-
-
-def rows(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+from conftest import COMMON, CPU_CONFIG, ONEBIT, REPO, launch_cmd, rows, train
 
 
 @pytest.fixture(scope="module")
 def data(train_data):
     return train_data
-
-
-COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
-
-
-@pytest.fixture(scope="module")
-def run30(tmp_path_factory, data):
-    run = tmp_path_factory.mktemp("run30") / "run"
-    train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 30, "--eval-every", 15,
-          "--save-every", 10, "--keep-checkpoints", 2)
-    return run
 
 
 def test_loss_falls_and_validation_accuracy_rises(run30):
@@ -156,8 +124,6 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
 
 # ---- 1-bit LAMB (freeze_step 10 in the CPU config)
 
-ONEBIT = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_onebit_lamb.json", "--model", "tiny",
-          "--log-every", 5, "--num-workers", 1]
 
 
 def test_onebit_lamb_on_three_ranks_stays_identical_and_sends_16x_less(tmp_path, data):
@@ -167,14 +133,6 @@ def test_onebit_lamb_on_three_ranks_stays_identical_and_sends_16x_less(tmp_path,
     sent = {r["step"]: r["bytes_sent"] for r in rows(run)}
     assert sent[5] == sent[10] > 0                 # warmup: DeepSpeed's fp32 gradient allreduce
     assert sent[15] == sent[20] <= sent[10] / 16   # compression: 1-bit momenta
-
-
-@pytest.fixture(scope="module")
-def onebit20(tmp_path_factory, data):
-    """2 ranks of 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage."""
-    run = tmp_path_factory.mktemp("onebit20") / "run"
-    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 20)
-    return run
 
 
 def test_onebit_lamb_resume_equals_uninterrupted_across_the_freeze_step(tmp_path, data, onebit20):

@@ -1,0 +1,140 @@
+"""Checkpoints and resume as a cluster sees them: nodes that share no run directory, a full
+disk, other data, a damaged shard, the time budget across relaunches, --export-only with
+nothing to export. Real DeepSpeed launches on this machine."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from conftest import COMMON, DEEPSPEED, REPO, free_port, rows, train
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if "train.py: error:" in line]
+
+
+def checkpoint_files(run) -> dict[str, int]:
+    return {str(p.relative_to(run)): p.stat().st_size for p in sorted((run / "checkpoints").rglob("*")) if p.is_file()}
+
+
+def test_export_only_without_a_checkpoint_is_refused(tmp_path, train_data):
+    run = tmp_path / "run"
+    proc = train(1, *COMMON, "--data", train_data, "--output-dir", run, "--export-only", check=False)
+    assert proc.returncode != 0
+    [line] = error_lines(proc)
+    assert "--export-only: no checkpoint in" in line and "Traceback" not in proc.stderr
+    assert not (run / "hf_model").exists()
+
+
+def test_a_shard_that_differs_from_its_manifest_stops_every_rank(tmp_path, train_data):
+    copy = tmp_path / "data"
+    shutil.copytree(train_data, copy)
+    # both read fine as shards: only their digests tell that each holds the other's samples
+    a, b = copy / "shard_00000.hdf5", copy / "shard_00001.hdf5"
+    a.rename(tmp_path / "swap")
+    b.rename(a)
+    (tmp_path / "swap").rename(b)
+    run = tmp_path / "run"
+    proc = train(2, *COMMON, "--data", copy, "--output-dir", run, "--max-steps", 5, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    lines = error_lines(proc)
+    assert lines and all("differs from its manifest (sha256)" in line for line in lines), proc.stderr[-2000:]
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_resuming_onto_other_data_is_refused_unless_asked_for(tmp_path, train_data):
+    run = tmp_path / "run"
+    train(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 2)
+    before = checkpoint_files(run)
+    other = tmp_path / "other"
+    shutil.copytree(train_data, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["args"]["seed"] = 1234  # what a re-made dataset would differ in
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    proc = train(1, *COMMON, "--data", other, "--output-dir", run, "--max-steps", 4, check=False)
+    assert proc.returncode != 0
+    [line] = error_lines(proc)
+    assert "was trained on other data" in line and "--allow-data-change" in line
+    assert checkpoint_files(run) == before and [r["step"] for r in rows(run)] == [2]
+    proc = train(1, *COMMON, "--data", other, "--output-dir", run, "--max-steps", 3, "--allow-data-change")
+    assert "starting at its first batch" in proc.stdout
+    assert [r["step"] for r in rows(run)] == [2, 3]
+
+
+def test_time_budget_and_elapsed_time_continue_across_relaunches(tmp_path, train_data):
+    run = tmp_path / "run"
+    common = [*COMMON, "--data", train_data, "--output-dir", run, "--log-every", 1]
+    train(1, *common, "--max-steps", 3)
+    first = json.loads((run / "summary.json").read_text())
+    # a budget the first launch has all but used: the relaunch stops after one more step, where
+    # a budget per launch would let it run on
+    proc = train(1, *common, "--max-steps", 1000, "--time-budget", f"{first['wall_s'] + 0.05:.2f}")
+    assert "stopping at step 4: time budget" in proc.stdout
+    history = rows(run)
+    assert [r["step"] for r in history] == [1, 2, 3, 4]
+    assert history[3]["elapsed_s"] > history[2]["elapsed_s"] >= first["trained_s"] - 1e-6
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_keeps_the_previous_one(tmp_path, train_data):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # room for one checkpoint of the tiny model (~53 MB) and the run's logs, not for two
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)], check=True)
+    try:
+        run = disk / "run"
+        proc = train(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 6, "--save-every", 2,
+                     "--keep-checkpoints", 3, check=False)
+        assert proc.returncode == 3, proc.stderr[-3000:]
+        lines = error_lines(proc)
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert f"cannot write checkpoint {run / 'checkpoints' / 'step_00000004'}" in lines[0]
+        assert "MB free there and a checkpoint needs about" in lines[0] and "step_00000002 is intact" in lines[0]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000002"]
+        assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+# ---- two nodes that share no run directory: each launched on its own, as under Slurm
+
+
+def launch_nodes(tmp_path, data, runs, *args) -> list[subprocess.CompletedProcess]:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    port = free_port()
+    procs = [subprocess.Popen([DEEPSPEED, "--hostfile", hostfile, "--no_ssh", "--node_rank", str(n),
+                               "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", *map(str, COMMON),
+                               "--data", str(data), "--output-dir", str(runs[n]), *map(str, args)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in range(2)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]
+
+
+def test_nodes_without_a_shared_run_directory_agree_on_what_to_resume(tmp_path, train_data):
+    runs = [tmp_path / "node-a" / "run", tmp_path / "node-b" / "run"]
+    for done in launch_nodes(tmp_path, train_data, runs, "--max-steps", 4, "--save-every", 2, "--log-every", 2):
+        assert done.returncode == 0, done.stderr[-3000:]
+    for run in runs:  # every node holds whole checkpoints of its own
+        assert (run / "checkpoints" / "latest").read_text() == "step_00000004"
+        assert (run / "checkpoints" / "step_00000004" / "mp_rank_00_model_states.pt").is_file()
+    uninterrupted = rows(runs[0])
+    # node b lost its last checkpoint (its disk was replaced, a copy failed): no rank may go on
+    shutil.rmtree(runs[1] / "checkpoints" / "step_00000004")
+    refused = launch_nodes(tmp_path, train_data, runs, "--max-steps", 6, "--log-every", 2)
+    assert all(done.returncode != 0 for done in refused)
+    [line] = error_lines(refused[0])
+    assert "ranks disagree on the checkpoint to resume" in line and "rank 1 on" in line
+    assert "has no checkpoint" in line or "has step_00000002" in line
+    assert [r["step"] for r in rows(runs[0])] == [2, 4]  # nothing trained
+    # with node a's step 4 gone too, both resume from step 2
+    shutil.rmtree(runs[0] / "checkpoints" / "step_00000004")
+    for run in runs:
+        (run / "checkpoints" / "latest").write_text("step_00000002")
+    resumed = launch_nodes(tmp_path, train_data, runs, "--max-steps", 4, "--log-every", 2)
+    assert all(done.returncode == 0 for done in resumed), resumed[1].stderr[-3000:]
+    assert f"resuming from {runs[0] / 'checkpoints' / 'step_00000002'}" in resumed[0].stdout
+    keys = ("step", "loss", "mlm_acc", "grad_norm")
+    assert [[r[k] for k in keys] for r in rows(runs[0])] == [[r[k] for k in keys] for r in uninterrupted]
+    assert json.loads((runs[0] / "summary.json").read_text())["params_identical_across_ranks"] is True
