@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import threading
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 
 def _nbytes(t) -> int:
@@ -13,69 +17,208 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def _world(group) -> int:
-    return dist.get_world_size(group)
+def _group_rank(group, global_rank: int | None, group_rank: int | None, default_global: int | None = None) -> int:
+    """A peer's or root's rank in `group`, given as a group rank or as a global rank (gather and
+    scatter take global rank 0 when given neither)."""
+    if group_rank is not None:
+        return group_rank
+    if global_rank is None:
+        global_rank = default_global
+    return dist.get_group_rank(group if group is not None else dist.group.WORLD, global_rank)
 
 
-def _arg(args, kwargs, index: int, *names: str):
-    """A collective's argument, given by position or by any of its keyword names."""
-    if len(args) > index:
-        return args[index]
-    return next((kwargs[n] for n in names if n in kwargs), None)
+def _allreduce(size: int, n: int) -> int:
+    """Ring: a reduce-scatter, then an all-gather, each (N−1)/N of the tensor."""
+    return 2 * (n - 1) * size // n
 
 
-def _ring(fraction_of, index: int, *names: str, all_but_self: bool = False):
-    """Bytes sent by one rank of N: (N−1)/N of a tensor (reduce-scatter, all-to-all),
-    2(N−1)/N (allreduce: reduce-scatter + all-gather) or (N−1)× a chunk (all-gather)."""
-    def volume(args, kwargs):
-        n = _world(kwargs.get("group"))
-        size = _nbytes(_arg(args, kwargs, index, *names))
-        return (n - 1) * size if all_but_self else fraction_of * (n - 1) * size // n
-    return volume
+def _reduce_scatter(size: int, n: int, group, tensor: torch.Tensor) -> int:
+    # gloo has no reduce-scatter of its own: it allreduces the whole input and keeps a chunk
+    backend = str(dist.get_backend(group))
+    if backend == "gloo" or f"{tensor.device.type}:gloo" in backend:
+        return _allreduce(size, n)
+    return (n - 1) * size // n
 
 
-_SENT = {
-    "all_reduce": _ring(2, 0, "tensor"),
-    "reduce_scatter_tensor": _ring(1, 1, "input"),
-    "reduce_scatter": _ring(1, 1, "input_list"),
-    "all_to_all_single": _ring(1, 1, "input"),
-    "all_gather_into_tensor": _ring(1, 1, "input_tensor", all_but_self=True),
-    "all_gather": _ring(1, 1, "tensor", all_but_self=True),
-    "broadcast": lambda args, kwargs: _nbytes(_arg(args, kwargs, 0, "tensor")),
+def _broadcast_sends(n: int, me: int, root: int) -> int:
+    """How many copies a rank sends in a binomial tree (gloo's broadcast): counted from the root,
+    rank v passes the tensor on to v + 2^k for every 2^k > v that is still in the group."""
+    v = (me - root) % n
+    step, sends = 1, 0
+    while v + step < n:
+        sends += step > v
+        step *= 2
+    return sends
+
+
+def _all_to_all_single(a, n: int, me: int) -> int:
+    tensor, splits = a["input"], a["input_split_sizes"]
+    if not splits:                                 # equal chunks, one per rank
+        return (n - 1) * _nbytes(tensor) // n
+    row = _nbytes(tensor) // tensor.shape[0]       # splits count rows (dim 0)
+    return row * (sum(splits) - splits[me])
+
+
+def _sent_to_peer(a, n: int, me: int) -> int:
+    peer = _group_rank(a["group"], a["dst"], a["group_dst"])
+    return 0 if peer == me else _nbytes(a["tensor"])  # isend may send to itself: no wire
+
+
+def _batch_sent(a, n: int, me: int) -> int:
+    return sum(_nbytes(op.tensor) for op in a["p2p_op_list"]
+               if op.op.__name__ == "isend" and op.group_peer != me)
+
+
+# bytes one rank sends, from the bound arguments `a`, the group's size n and the rank's place in it
+Volume = Callable[[dict, int, int], int]
+_SENT: dict[str, Volume] = {
+    "all_reduce": lambda a, n, me: _allreduce(_nbytes(a["tensor"]), n),
+    "all_reduce_coalesced": lambda a, n, me: _allreduce(_nbytes(a["tensors"]), n),
+    # gloo's reduce: a ring reduce-scatter, then every rank but the root sends its reduced chunk to it
+    "reduce": lambda a, n, me: (n - 1) * _nbytes(a["tensor"]) // n + (
+        0 if me == _group_rank(a["group"], a["dst"], a["group_dst"]) else _nbytes(a["tensor"]) // n),
+    "broadcast": lambda a, n, me: _nbytes(a["tensor"]) * _broadcast_sends(
+        n, me, _group_rank(a["group"], a["src"], a["group_src"])),
+    "all_gather": lambda a, n, me: (n - 1) * _nbytes(a["tensor"]),
+    "all_gather_single": lambda a, n, me: (n - 1) * _nbytes(a["input_tensor"]),
+    "all_gather_into_tensor": lambda a, n, me: (n - 1) * _nbytes(a["input_tensor"]),
+    "_all_gather_base": lambda a, n, me: (n - 1) * _nbytes(a["input_tensor"]),
+    "all_gather_coalesced": lambda a, n, me: (n - 1) * _nbytes(a["input_tensor_list"]),
+    "reduce_scatter": lambda a, n, me: _reduce_scatter(_nbytes(a["input_list"]), n, a["group"], a["output"]),
+    "reduce_scatter_single": lambda a, n, me: _reduce_scatter(_nbytes(a["input"]), n, a["group"], a["input"]),
+    "reduce_scatter_tensor": lambda a, n, me: _reduce_scatter(_nbytes(a["input"]), n, a["group"], a["input"]),
+    "_reduce_scatter_base": lambda a, n, me: _reduce_scatter(_nbytes(a["input"]), n, a["group"], a["input"]),
+    "all_to_all_single": _all_to_all_single,
+    "all_to_all": lambda a, n, me: _nbytes([t for i, t in enumerate(a["input_tensor_list"]) if i != me]),
+    "gather": lambda a, n, me: 0 if me == _group_rank(a["group"], a["dst"], a["group_dst"], 0) else _nbytes(
+        a["tensor"]),
+    "scatter": lambda a, n, me: 0 if me != _group_rank(a["group"], a["src"], a["group_src"], 0) else _nbytes(
+        [t for i, t in enumerate(a["scatter_list"]) if i != me]),
+    "send": _sent_to_peer,
+    "isend": _sent_to_peer,
+    "recv": lambda a, n, me: 0,
+    "irecv": lambda a, n, me: 0,
+    "batch_isend_irecv": _batch_sent,
 }
+# Object collectives pickle their objects into byte tensors and move them (and their sizes) with the
+# collectives above, which they call through the module's globals: those calls are what is counted.
+_COUNTED_INSIDE = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+                   "send_object_list", "recv_object_list")
+
+
+def _group_of(a: dict):
+    return a["p2p_op_list"][0].group if "p2p_op_list" in a else a.get("group")
 
 
 class BytesCounter:
     """Counts the bytes this rank's collectives send, whoever calls them (DeepSpeed's gradient
-    allreduce, ZeRO's reduce-scatter, the 1-bit exchange), by wrapping torch.distributed's
-    functions. Ring-algorithm volumes: allreduce 2(N−1)/N·size, reduce-scatter and all-to-all
-    (N−1)/N·size, all-gather (N−1)·chunk."""
+    allreduce, ZeRO's reduce and all-gather, the 1-bit exchange, object collectives), by wrapping
+    torch.distributed's functions.
+
+    Each function is wrapped both in the `torch.distributed` namespace and in the globals of
+    `torch.distributed.distributed_c10d`, because torch's functions call one another through those
+    globals: object collectives move pickles with broadcast/all_gather/gather/scatter/send,
+    all_gather_into_tensor calls all_gather_single, send calls isend, and DeepSpeed keeps references
+    to functions taken before this counter was installed. Only the outermost counted call on a thread
+    counts, so none is counted twice; object collectives count nothing themselves, the collectives
+    they call count their size tensors and padded pickles.
+
+    The figures are the volumes of the algorithms, not of the wire (no TCP/IP headers), per call
+    on a group of N ranks that this rank is in (ranks outside the group and groups of one send 0).
+    Where gloo departs from the ring, the model follows gloo, as eth0's counters showed on 3 and 4
+    namespace hosts (tools/netns_cluster.py):
+      allreduce               2(N−1)/N·size (ring: reduce-scatter, then all-gather)
+      reduce-scatter          (N−1)/N·input (ring); on gloo, which allreduces the input, 2(N−1)/N·input
+      all-gather              (N−1)·the rank's own chunk
+      all_to_all_single       every row of the input but this rank's split ((N−1)/N·size if equal)
+      all_to_all (lists)      every input tensor but this rank's own
+      broadcast               size × the sends of a binomial tree, gloo's algorithm: ceil(log2 N)
+                              copies from the source, none from its last half (one-to-all and the
+                              ring send the same (N−1)·size in all, spread differently over ranks)
+      reduce                  gloo's: a ring reduce-scatter, then every rank but the root sends its
+                              reduced chunk to the root: size from others, (N−1)/N·size from the root
+      gather                  the rank's tensor, except on the destination (0)
+      scatter                 every chunk but its own, from the source; 0 from the others
+      send, isend             size (0 to itself); recv, irecv 0; batch_isend_irecv its isends
+    Barriers carry no payload and are not counted. tests/test_multihost.py checks the figures
+    against the hosts' interface counters in a training run.
+    """
 
     def __init__(self):
         self.total = 0
-        self._originals: dict = {}
+        self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
+        self._depth = threading.local()  # this counter's nesting depth per thread
+        self._lock = threading.Lock()
 
     def install(self) -> BytesCounter:
-        for name, volume in _SENT.items():
-            original = getattr(dist, name, None)
-            if original is None or name in self._originals:
+        if self._replaced:
+            return self
+        for name in (*_SENT, *_COUNTED_INSIDE):
+            original = getattr(c10d, name, None)
+            if original is None:
                 continue
-            self._originals[name] = original
-
-            @functools.wraps(original)
-            def counted(*args, __original=original, __volume=volume, **kwargs):
-                self.total += int(__volume(args, kwargs)) if _world(kwargs.get("group")) > 1 else 0
-                return __original(*args, **kwargs)
-            setattr(dist, name, counted)
+            counted = self._counted(original, _SENT.get(name))
+            for module in (c10d, dist):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, counted)
+                    self._replaced.append((module, name, original))
         return self
 
     def uninstall(self) -> None:
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals.clear()
+        for module, name, original in reversed(self._replaced):
+            setattr(module, name, original)
+        self._replaced.clear()
 
     def __enter__(self):
         return self.install()
 
     def __exit__(self, *exc):
         self.uninstall()
+
+    def _counted(self, original: Callable, volume: Volume | None) -> Callable:
+        signature = inspect.signature(original)
+        batch = original.__name__ == "batch_isend_irecv"
+
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            if volume is None:                       # counted by what it calls
+                return original(*args, **kwargs)
+            if batch:
+                _point_ops_to_current_functions(args, kwargs)
+            depth = getattr(self._depth, "value", 0)
+            sent = self._volume(signature, volume, args, kwargs) if depth == 0 else 0
+            self._depth.value = depth + 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._depth.value = depth
+            if sent:
+                with self._lock:
+                    self.total += sent
+            return result
+        return counted
+
+    @staticmethod
+    def _volume(signature: inspect.Signature, volume: Volume, args, kwargs) -> int:
+        if not dist.is_initialized():
+            return 0                                 # the collective itself will say why it cannot run
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return 0                                 # likewise: torch reports the bad arguments
+        bound.apply_defaults()
+        a = bound.arguments
+        group = _group_of(a)
+        n, me = dist.get_world_size(group), dist.get_rank(group)  # -1 outside the group
+        return int(volume(a, n, me)) if n > 1 and me >= 0 else 0
+
+
+def _point_ops_to_current_functions(args, kwargs) -> None:
+    """batch_isend_irecv tells sends from receives by identity (`op.op is isend`, the module's
+    current global): an op built before install holds the unwrapped isend, so it is pointed at the
+    current one, which sends the same."""
+    ops = args[0] if args else kwargs.get("p2p_op_list", ())
+    for op in ops if isinstance(ops, list) else ():
+        name = getattr(op.op, "__name__", "")
+        if name in ("isend", "irecv"):
+            op.op = getattr(c10d, name)
