@@ -271,7 +271,7 @@ def main() -> None:
     book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
                        log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
                        save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
-                       bytes_sent=lambda: wire.total, clocks=clocks)
+                       wire=wire, clocks=clocks)
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
@@ -284,10 +284,8 @@ def main() -> None:
     def measure_grad_norm():
         """Before clipping (the clipper and the optimizer step have not run yet)."""
         averaged = clipper is None and engine.enable_backward_allreduce
-        before = wire.total
-        norm = gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged)
-        book.exclude_bytes(wire.total - before)
-        return norm
+        with book.unlogged():
+            return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged)
 
     # ---- the loop
     last_eval: dict = {}
@@ -335,7 +333,8 @@ def main() -> None:
                 last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
                 metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
             if decision.save:
-                save()
+                with book.unlogged():
+                    save()
             if decision.stop in ("signal", "time budget"):
                 if rank == 0:
                     print(f"stopping at step {step}: {decision.stop}; checkpoint saved", flush=True)

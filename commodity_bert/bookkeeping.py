@@ -12,6 +12,7 @@ over ranks, without the loss scale, before any clipping, at the logged step (tra
 it; null where it was not measured)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -46,11 +47,11 @@ class Decision:
 class Bookkeeping:
     def __init__(self, *, device, world: int, total_batch: int, max_steps: int, log_every: int,
                  eval_every: int, save_every: int, save_every_minutes: float, time_budget: float | None,
-                 bytes_sent, clocks: dict | None = None):
+                 wire, clocks: dict | None = None):
         self.device, self.world, self.total_batch = device, world, total_batch
         self.max_steps, self.log_every, self.eval_every = max_steps, log_every, eval_every
         self.save_every, self.save_every_minutes, self.time_budget = save_every, save_every_minutes, time_budget
-        self.bytes_sent = bytes_sent  # a callable: this rank's bytes on the wire so far
+        self.wire = wire  # a BytesCounter: this rank's bytes and collective calls so far
         clocks = clocks or {}
         self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
         self.started = self.last_save = time.time()
@@ -73,9 +74,9 @@ class Bookkeeping:
         self.window.zero_()
         self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
         self.grad_norm: torch.Tensor | None = None
-        self.unlogged_bytes = 0  # measurement traffic, not training's
+        self.unlogged_bytes, self.unlogged_calls = 0, 0  # the loop's own traffic, not training's
         self.window_started, self.evaluating_at_start = time.time(), self.evaluating
-        self.bytes_at_start = self.bytes_sent()
+        self.bytes_at_start, self.calls_at_start = self.wire.total, self.wire.calls
 
     def next_batch(self, batches):
         waited = time.perf_counter()
@@ -95,8 +96,16 @@ class Bookkeeping:
         self.steps += 1
         self.grad_norm = grad_norm
 
-    def exclude_bytes(self, count: int) -> None:
-        self.unlogged_bytes += count
+    @contextlib.contextmanager
+    def unlogged(self):
+        """Collectives inside are the loop's own (decisions, gradient norm, evaluation, saving),
+        left out of `bytes_sent` and `comm_rounds`, which describe training's traffic."""
+        total, calls = self.wire.total, self.wire.calls
+        try:
+            yield
+        finally:
+            self.unlogged_bytes += self.wire.total - total
+            self.unlogged_calls += self.wire.calls - calls
 
     # ---- decisions
     def is_log_step(self, step: int) -> bool:
@@ -107,7 +116,8 @@ class Bookkeeping:
         save_due = bool(self.save_every and step % self.save_every == 0) or \
             bool(self.save_every_minutes and time.time() - self.last_save >= self.save_every_minutes * 60)
         # one small collective a step: every rank stops and saves at the same step
-        signalled, out_of_time, save_due = agree([signalled, out_of_time, save_due], self.device)
+        with self.unlogged():
+            signalled, out_of_time, save_due = agree([signalled, out_of_time, save_due], self.device)
         stop = "signal" if signalled else "time budget" if out_of_time else "max steps" if step >= self.max_steps \
             else None
         return Decision(log=self.is_log_step(step) or stop is not None,
@@ -120,13 +130,15 @@ class Bookkeeping:
     # ---- what gets logged
     def evaluate(self, score) -> dict:
         started = time.time()
-        result = score()
+        with self.unlogged():
+            result = score()
         self.evaluating += time.time() - started
         return result
 
     def row(self, step: int, samples: int, lr: float, loss_scale: float) -> dict:
         """The window's metrics (collectives: call on every rank), then a fresh window."""
-        bytes_sent = (self.bytes_sent() - self.bytes_at_start - self.unlogged_bytes) / self.steps
+        bytes_sent = (self.wire.total - self.bytes_at_start - self.unlogged_bytes) / self.steps
+        comm_rounds = (self.wire.calls - self.calls_at_start - self.unlogged_calls) / self.steps
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
         total_flops = sum_across_ranks({"flops": self.flops}, self.device)["flops"]
@@ -140,8 +152,8 @@ class Bookkeeping:
                "tokens_per_s": totals["real_tokens"] / seconds,
                "tflops": total_flops / seconds / 1e12,
                "data_wait_s": self.data_wait / self.steps,
-               "bytes_sent": bytes_sent}
+               "bytes_sent": bytes_sent, "comm_rounds": comm_rounds}
         if totals["nsp_count"]:
             row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
-        self._reset_window()
+        self._reset_window()  # after the row's own collectives: they are not the next window's
         return row

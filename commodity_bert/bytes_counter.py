@@ -146,6 +146,7 @@ class BytesCounter:
 
     def __init__(self):
         self.total = 0
+        self.calls = 0  # collective calls this rank took part in (outermost only): `comm_rounds`
         self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
         self._depth = threading.local()  # this counter's nesting depth per thread
         self._lock = threading.Lock()
@@ -186,31 +187,33 @@ class BytesCounter:
             if batch:
                 _point_ops_to_current_functions(args, kwargs)
             depth = getattr(self._depth, "value", 0)
-            sent = self._volume(signature, volume, args, kwargs) if depth == 0 else 0
+            sent = self._volume(signature, volume, args, kwargs) if depth == 0 else None
             self._depth.value = depth + 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 self._depth.value = depth
-            if sent:
+            if sent is not None:
                 with self._lock:
                     self.total += sent
+                    self.calls += 1
             return result
         return counted
 
     @staticmethod
-    def _volume(signature: inspect.Signature, volume: Volume, args, kwargs) -> int:
+    def _volume(signature: inspect.Signature, volume: Volume, args, kwargs) -> int | None:
+        """Bytes this call sends; None when this rank takes no part in a multi-rank collective."""
         if not dist.is_initialized():
-            return 0                                 # the collective itself will say why it cannot run
+            return None                              # the collective itself will say why it cannot run
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
-            return 0                                 # likewise: torch reports the bad arguments
+            return None                              # likewise: torch reports the bad arguments
         bound.apply_defaults()
         a = bound.arguments
         group = _group_of(a)
         n, me = dist.get_world_size(group), dist.get_rank(group)  # -1 outside the group
-        return int(volume(a, n, me)) if n > 1 and me >= 0 else 0
+        return int(volume(a, n, me)) if n > 1 and me >= 0 else None
 
 
 def _point_ops_to_current_functions(args, kwargs) -> None:
