@@ -6,6 +6,8 @@
 #   HOSTFILE  DeepSpeed hostfile, e.g. hostfiles/two_nodes (default: this machine's GPUs, or GPUS of them)
 #   CONFIG    DeepSpeed config (default ds_configs/bert_${MODEL}_phase1_lamb_fp16.json)
 #   EXTRA     more train.py flags, e.g. "--time-budget 24h"
+# Launched with bert-launch (deepspeed's arguments; commodity_bert/launcher.py): SIGTERM, SIGUSR1 or
+# Ctrl-C to this script (it execs bert-launch) saves a checkpoint and exits 0.
 # Re-running the same command resumes from the last checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +18,8 @@ RUN=${RUN:-runs/${MODEL}_phase1}
 LAUNCH=(--num_gpus "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)}")
 [ -n "${HOSTFILE:-}" ] && LAUNCH=(--hostfile "$HOSTFILE")
 CONFIG=${CONFIG:-ds_configs/bert_${MODEL}_phase1_lamb_fp16.json}
-DEEPSPEED=${DEEPSPEED:-${VENV:-.venv}/bin/deepspeed}
+BERT_LAUNCH=${BERT_LAUNCH:-${VENV:-.venv}/bin/bert-launch}
 # shellcheck disable=SC2086  # EXTRA holds several flags
-exec "$DEEPSPEED" "${LAUNCH[@]}" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
+exec "$BERT_LAUNCH" "${LAUNCH[@]}" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
     --model "$MODEL" --output-dir "$RUN" --resume auto --log-every 50 --eval-every 1000 \
     --save-every 500 --save-every-minutes 30 ${EXTRA:-}

@@ -4,6 +4,8 @@
 #   PHASE1    the phase-1 RUN directory (default runs/${MODEL}_phase1)
 #   RUN       output directory (default runs/${MODEL}_phase2)
 #   MODEL, HOSTFILE, CONFIG, EXTRA as in phase1.sh (CONFIG default ds_configs/bert_${MODEL}_phase2_lamb_fp16.json)
+# Launched with bert-launch (deepspeed's arguments; commodity_bert/launcher.py): SIGTERM, SIGUSR1 or
+# Ctrl-C to this script (it execs bert-launch) saves a checkpoint and exits 0.
 # Re-running the same command resumes phase 2 from its last checkpoint (not from phase 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,8 +17,8 @@ RUN=${RUN:-runs/${MODEL}_phase2}
 LAUNCH=(--num_gpus "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l || echo 1)}")
 [ -n "${HOSTFILE:-}" ] && LAUNCH=(--hostfile "$HOSTFILE")
 CONFIG=${CONFIG:-ds_configs/bert_${MODEL}_phase2_lamb_fp16.json}
-DEEPSPEED=${DEEPSPEED:-${VENV:-.venv}/bin/deepspeed}
+BERT_LAUNCH=${BERT_LAUNCH:-${VENV:-.venv}/bin/bert-launch}
 # shellcheck disable=SC2086
-exec "$DEEPSPEED" "${LAUNCH[@]}" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
+exec "$BERT_LAUNCH" "${LAUNCH[@]}" train.py --deepspeed_config "$CONFIG" --data "$DATA" \
     --model "$MODEL" --init-from "$PHASE1" --output-dir "$RUN" --resume auto --log-every 50 \
     --eval-every 500 --save-every 200 --save-every-minutes 30 ${EXTRA:-}

@@ -1,0 +1,237 @@
+"""bert-launch: a stop signal sent to the launcher alone ends in a checkpoint and exit status 0.
+
+Plain `deepspeed` fails every test here: SIGTERM or SIGUSR1 kill it at once (143 / 138) while the
+ranks train on, Ctrl-C kills the ranks with KeyboardInterrupt, and a killed launch.py leaves it
+exiting 0 with the ranks orphaned. Two training launches (train.py on 2 CPU ranks); the rest runs
+stand-in ranks (STUB, below) that answer signals as train.py does, in seconds.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, free_port
+
+sys.path.insert(0, str(REPO))
+from commodity_bert.launcher import parse_deepspeed_args, rank_pattern, remote_hosts
+
+BERT_LAUNCH = str(Path(sys.executable).parent / "bert-launch")
+COMMON = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb.json", "--model", "tiny", "--log-every", 5,
+          "--num-workers", 1]
+
+# A rank that answers as train.py does: SIGUSR1 or SIGTERM ask it to stop (handlers installed
+# after --start-s, as train.py installs them after building the engine), then it exits 0, or 3
+# for --fail-rank. With --ignore-stop it takes SIGUSR1 and carries on, and SIGTERM kills it.
+# DIR/rankN says what happened.
+STUB = r'''
+import os, signal, sys, time
+from pathlib import Path
+args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+out = Path(args[0]) / f"rank{rank}"
+opts = dict(zip(args[1::2], args[2::2]))
+out.write_text("starting\n")
+time.sleep(float(opts.get("--start-s", 0)))
+got = []
+for sig in (signal.SIGUSR1,) if opts.get("--ignore-stop") else (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, lambda signum, frame: got.append(signum))
+out.write_text(f"ready on {os.uname().nodename}\n")
+deadline = time.time() + 60
+while time.time() < deadline and (not got or opts.get("--ignore-stop")):
+    time.sleep(0.05)
+out.write_text(f"stopped by {signal.Signals(got[0]).name} on {os.uname().nodename}\n" if got else "timed out\n")
+sys.exit(3 if not got or opts.get("--fail-rank") == rank else 0)
+'''
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("stub") / "stub_rank.py"
+    path.write_text(STUB)
+    return path
+
+
+def start(*args, env=None, **kwargs) -> subprocess.Popen:
+    # its own process group, as a shell gives a job: the Ctrl-C test signals that group
+    return subprocess.Popen([BERT_LAUNCH, *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+def wait_for(condition, launcher: subprocess.Popen, timeout=300) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert launcher.poll() is None, launcher.communicate()[0][-4000:]
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def states(directory: Path) -> dict[str, str]:
+    return {p.name: p.read_text().strip() for p in sorted(directory.glob("rank*"))}
+
+
+def finish(launcher: subprocess.Popen, timeout=240) -> str:
+    try:
+        return launcher.communicate(timeout=timeout)[0]
+    finally:
+        if launcher.poll() is None:  # a failed test leaves nothing behind
+            for proc in psutil.Process(launcher.pid).children(recursive=True):
+                proc.kill()
+            launcher.kill()
+
+
+# ---- train.py
+
+
+def last_step(run: Path) -> int:
+    with_rows = (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()
+    return json.loads(with_rows.splitlines()[-1])["step"] if with_rows else 0
+
+
+def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signals) -> tuple[str, int]:
+    """Launch train.py with bert-launch, send `sig` to bert-launch alone once a new step is logged."""
+    before = last_step(run)
+    launcher = start(*launcher_args, "--master_port", free_port(), "train.py", *COMMON, "--data", data,
+                     "--output-dir", run, "--max-steps", 100000)
+    wait_for(lambda: last_step(run) > before, launcher)
+    os.kill(launcher.pid, sig)
+    output = finish(launcher)
+    assert launcher.returncode == 0, output[-4000:]
+    assert "stopping at step" in output
+    step = int((run / "checkpoints" / "latest").read_text().removeprefix("step_"))
+    assert step > before and step >= 5
+    assert (run / "hf_model" / "config.json").is_file()
+    return output, step
+
+
+def test_stop_signal_to_bert_launch_only_saves_and_exits_zero_and_the_relaunch_continues(tmp_path, train_data):
+    run = tmp_path / "run"
+    _, first = stop_training(["--num_gpus", 2], run, train_data, signal.SIGTERM)
+    # relaunched in the per-node form (the Slurm srun recipe), stopped with Slurm's USR1
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    per_node = ["--hostfile", hostfile, "--no_ssh", "--node_rank", 0, "--master_addr", "127.0.0.1"]
+    output, second = stop_training(per_node, run, train_data, signal.SIGUSR1)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and first in steps, steps  # continued from the checkpoint, not from 0
+    assert second > first and f"stopping at step {second}" in output
+
+
+# ---- stand-in ranks: how bert-launch reaches the ranks and when it gives up
+
+
+def test_ctrl_c_reaches_ranks_still_starting_as_a_stop(tmp_path, stub):
+    """Ctrl-C (SIGINT to the job's process group) while the ranks have no handler yet: they are
+    neither interrupted nor killed by it, and stop when they can."""
+    launcher = start("--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--start-s", 3)
+    wait_for(lambda: len(states(tmp_path)) == 2, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)
+    output = finish(launcher)
+    assert launcher.returncode == 0, output[-4000:]
+    assert all(s.startswith("stopped by SIGUSR1") for s in states(tmp_path).values()), states(tmp_path)
+
+
+@pytest.mark.parametrize("escalation", ["grace", "second_signal"])
+def test_ranks_that_do_not_stop_are_terminated(tmp_path, stub, escalation):
+    grace = ["--stop_grace", 2] if escalation == "grace" else []
+    launcher = start(*grace, "--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--ignore-stop", 1)
+    wait_for(lambda: all(s.startswith("ready") for s in states(tmp_path).values()) and len(states(tmp_path)) == 2,
+             launcher)
+    started = time.time()
+    os.kill(launcher.pid, signal.SIGTERM)
+    if escalation == "second_signal":
+        time.sleep(1)
+        os.kill(launcher.pid, signal.SIGTERM)
+    output = finish(launcher)
+    assert launcher.returncode != 0
+    assert "SIGTERM to DeepSpeed's runner" in output
+    assert time.time() - started < 30  # the ranks die of SIGTERM at once; nothing waits for KILL_AFTER_S
+
+
+def test_ranks_orphaned_by_launch_py_are_still_stopped_and_their_status_counts(tmp_path, stub):
+    """launch.py dies (DeepSpeed's runner then exits 0): bert-launch, their subreaper, still
+    stops the ranks (seen or not before launch.py died) and reports the one that failed."""
+    launcher = start("--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--fail-rank", 1)
+    wait_for(lambda: all(s.startswith("ready") for s in states(tmp_path).values()) and len(states(tmp_path)) == 2,
+             launcher)
+    [launch_py] = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+                   if p.status() != psutil.STATUS_ZOMBIE and "deepspeed.launcher.launch" in p.cmdline()]
+    launch_py.kill()
+    time.sleep(3)
+    assert launcher.poll() is None  # `deepspeed` itself would have exited 0 by now
+    os.kill(launcher.pid, signal.SIGTERM)
+    output = finish(launcher)
+    assert states(tmp_path) == {"rank0": f"stopped by SIGUSR1 on {os.uname().nodename}",
+                                "rank1": f"stopped by SIGUSR1 on {os.uname().nodename}"}
+    assert launcher.returncode == 3, output[-3000:]
+    assert "exit status 3" in output
+
+
+def test_bad_arguments_get_one_line_and_status_2():
+    cases = [[], ["--num_gpus", "2"], ["--stop_grace", "soon", "train.py"], ["--num_gpus", "x", "train.py"]]
+    procs = [subprocess.Popen([BERT_LAUNCH, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for args in cases]
+    for args, proc in zip(cases, procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and out == "", (args, out, err)
+        assert err.startswith("bert-launch: error: ") and err.count("\n") == 1, err
+
+
+def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\nnode3 slots=2\n")
+    args = parse_deepspeed_args(["--hostfile", str(hostfile), "--exclude", "node3", "train.py", "--data", "d",
+                                 "--output-dir", "runs/a.b"])
+    assert remote_hosts(args) == ["node1", "node2"]
+    pattern = rank_pattern(args)
+    rank = f"{sys.executable} -u train.py --local_rank=1 --data d --output-dir runs/a.b"
+    not_ranks = [(f"{sys.executable} -u -m deepspeed.launcher.launch --world_info=e30= --node_rank=0 "
+                  "--master_addr=10.0.0.1 --master_port=29500 train.py --data d --output-dir runs/a.b"),
+                 f"{sys.executable} -u train.py --local_rank=1 --data d --output-dir runs/a_b",  # another job
+                 f"bash -c pkill -USR1 -f '{pattern}'"]
+    def matches(line: str) -> bool:  # grep -E: the same POSIX ERE dialect as pkill -f
+        return subprocess.run(["grep", "-E", pattern], input=line, capture_output=True, text=True,
+                              check=False).returncode == 0
+
+    assert matches(rank)
+    for line in not_ranks:
+        assert not matches(line), line
+    no_ssh = parse_deepspeed_args(["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "0", "train.py"])
+    assert remote_hosts(no_ssh) == []  # per node: its own ranks, found locally
+
+
+# ---- several hosts (network namespaces, tools/netns_cluster.py): pdsh and Open MPI
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from tools.netns_cluster import Cluster, unavailable_reason
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"multi-host tests: {reason}")
+    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=2, slots=1)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.mark.parametrize("launcher", ["pdsh", "openmpi"])
+def test_stop_reaches_ranks_on_other_hosts(cluster, stub, tmp_path, launcher):
+    if shutil.which(launcher if launcher == "pdsh" else "mpirun") is None:
+        pytest.skip(f"needs {launcher} (recipes/install_cluster_tools.sh)")
+    extra = ["--launcher", "openmpi", "--launcher_args=--oversubscribe"] if launcher == "openmpi" else []
+    proc = cluster.popen(0, [BERT_LAUNCH, "--hostfile", str(cluster.hostfile), *extra, "--master_port",
+                             str(free_port()), str(stub), str(tmp_path)],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: all(s.startswith("ready") for s in states(tmp_path).values()) and len(states(tmp_path)) == 2,
+             proc)
+    os.kill(proc.pid, signal.SIGTERM)  # the netns/unshare/sh prefix execs: this is bert-launch
+    output = finish(proc)
+    assert proc.returncode == 0, output[-4000:]
+    assert states(tmp_path) == {"rank0": "stopped by SIGUSR1 on node1", "rank1": "stopped by SIGUSR1 on node2"}
