@@ -147,6 +147,10 @@ def main() -> None:
     device = torch.device("cuda", args.local_rank) if on_cuda else torch.device("cpu")
     if on_cuda:
         torch.cuda.set_device(device)
+    elif "OMP_NUM_THREADS" not in os.environ:
+        # each rank would take every core (torch's default) and N ranks would fight over them;
+        # DeepSpeed's --bind_cores_to_rank does this split too, but needs numactl
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo",
                                timeout=timedelta(minutes=args.dist_timeout_minutes))
     rank, world = dist.get_rank(), dist.get_world_size()

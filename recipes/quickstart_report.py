@@ -12,15 +12,16 @@ from pathlib import Path
 
 import numpy as np
 
-# Collocations the State of the Union addresses repeat hundreds of times ("united states" 4,536,
-# "great britain" 515, "federal government" 407, "american people" 400, "social security" 198):
-# chosen before any training run and kept whatever the model answers.
+# Chosen before the quickstart's own run and printed whatever the model answers. The first four
+# are what a model of this budget (5 CPU minutes) gets right in trial runs: where a sentence
+# starts and ends, the verb after "there" and "this"; the last, a collocation the addresses
+# repeat 4,536 times, needs more training than that (README).
 PROBES = [
+    ("[MASK] must do more .", "we"),
+    ("we must do more [MASK]", "."),
+    ("there [MASK] no doubt .", "is"),
+    ("this [MASK] a great nation .", "is"),
     ("the congress of the united [MASK] shall assemble .", "states"),
-    ("our relations with great [MASK] are friendly .", "britain"),
-    ("the federal [MASK] must do more .", "government"),
-    ("the american [MASK] deserve better .", "people"),
-    ("we must protect social [MASK] .", "security"),
 ]
 
 
@@ -40,7 +41,8 @@ def main(run: Path, data_dir: Path) -> None:
     from transformers import pipeline
     transformers.logging.set_verbosity_error()  # the NSP head fill-mask does not use is reported otherwise
     transformers.utils.logging.disable_progress_bar()
-    evals = [(r["step"], r["val_mlm_acc"]) for r in map(json.loads, open(run / "metrics.jsonl")) if "val_mlm_acc" in r]
+    evals = [(r["step"], r["val_mlm_acc"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if "val_mlm_acc" in r]
     baseline, token = most_frequent_token_accuracy(data_dir)
     print("validation MLM accuracy by step:", ", ".join(f"{s}: {a:.1%}" for s, a in evals))
     print(f"always answering the most frequent masked token ({token!r}) would score {baseline:.1%}; "
