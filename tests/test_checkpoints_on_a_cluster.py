@@ -67,13 +67,14 @@ def test_time_budget_and_elapsed_time_continue_across_relaunches(tmp_path, train
     common = [*COMMON, "--data", train_data, "--output-dir", run, "--log-every", 1]
     train(1, *common, "--max-steps", 3)
     first = json.loads((run / "summary.json").read_text())
-    # a budget the first launch has all but used: the relaunch stops after one more step, where
-    # a budget per launch would let it run on
+    # a budget the first launch has all but used: the relaunch stops within a few steps, where a
+    # budget per launch (as before) would give it the whole budget again, 30 steps and more here
     proc = train(1, *common, "--max-steps", 1000, "--time-budget", f"{first['wall_s'] + 0.05:.2f}")
-    assert "stopping at step 4: time budget" in proc.stdout
+    stopped = int(proc.stdout.split("stopping at step ")[1].split(":")[0])
+    assert "time budget" in proc.stdout and 4 <= stopped <= 12, proc.stdout[-2000:]
     history = rows(run)
-    assert [r["step"] for r in history] == [1, 2, 3, 4]
-    assert history[3]["elapsed_s"] > history[2]["elapsed_s"] >= first["trained_s"] - 1e-6
+    assert [r["step"] for r in history] == list(range(1, stopped + 1))
+    assert history[3]["elapsed_s"] > history[2]["elapsed_s"]  # continued, not started again from 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")

@@ -134,7 +134,7 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     proc = subprocess.run(command, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600,
                           check=False)                  # the same command, once the node is back
     check(proc, "relaunch")
-    assert f"resuming from {run / 'checkpoints'} at step {saved}" in proc.stdout
+    assert f"resuming from {run / 'checkpoints' / f'step_{saved:08d}'} at step {saved}" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["step"] == 40 and summary["hosts"] == ["node1", "node2"]
 
