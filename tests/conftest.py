@@ -125,3 +125,19 @@ def onebit20(tmp_path_factory, train_data):
     return run
 
 
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Two hosts of 1 slot each in network namespaces (tools/netns_cluster.py), shared by the
+    multi-host tests; skipped, with the reason, where they cannot be made (not root, no sshd)."""
+    sys.path.insert(0, str(REPO))
+    from tools.netns_cluster import Cluster, unavailable_reason
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"multi-host tests: {reason}")
+    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=2, slots=1)
+    try:
+        yield cluster
+    finally:
+        cluster.down()

@@ -208,19 +208,6 @@ def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
 # ---- several hosts (network namespaces, tools/netns_cluster.py): pdsh and Open MPI
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from tools.netns_cluster import Cluster, unavailable_reason
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"multi-host tests: {reason}")
-    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=2, slots=1)
-    try:
-        yield cluster
-    finally:
-        cluster.down()
-
-
 @pytest.mark.parametrize("launcher", ["pdsh", "openmpi"])
 def test_stop_reaches_ranks_on_other_hosts(cluster, stub, tmp_path, launcher):
     if shutil.which(launcher if launcher == "pdsh" else "mpirun") is None:

@@ -11,23 +11,10 @@ import pytest
 from conftest import REPO, free_port
 
 sys.path.insert(0, str(REPO))
-from tools.netns_cluster import Cluster, unavailable_reason
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
 STEPS = 10
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"multi-host tests: {reason}")
-    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=2, slots=1)
-    try:
-        yield cluster
-    finally:
-        cluster.down()
 
 
 @pytest.fixture(scope="module")
