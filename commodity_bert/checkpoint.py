@@ -106,8 +106,6 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     tag = tag_for(step)
     rank = dist.get_rank()
     writer = is_writer(node_local)
-    previous = latest(directory)
-    need = _size(directory / previous) if previous else 0  # the last one's size: this one's, about
 
     # DeepSpeed raises from deep inside torch.save when a write fails, between its own
     # collectives; a rank that left there would hang the others. Each write is tried here and
@@ -139,6 +137,8 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     dist.all_gather_object(failures, errors[0] if errors else None)
     dist.barrier()
     if any(failures):
+        previous = latest(directory)
+        need = _size(directory / previous) if previous else 0  # the last one's size: this one's, about
         partial = _size(directory / tag)
         if writer:
             shutil.rmtree(directory / tag, ignore_errors=True)
