@@ -32,6 +32,9 @@ from commodity_bert.bytes_counter import BytesCounter
 from commodity_bert.data import DataError, TrainingBatches, validation_batches
 from commodity_bert.deepspeed_shm import release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
+from commodity_bert.finetune.cli import UsageError
+from commodity_bert.finetune.tasks import TaskError
+from commodity_bert.finetune.watch import companion_command, start_beside_training
 from commodity_bert.grad_norm import gradient_norm
 from commodity_bert.launch_checks import (
     LaunchError,
@@ -88,6 +91,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see README")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
+    p.add_argument("--watch-downstream", metavar="FINETUNE_ARGS",
+                   help="fine-tune each checkpoint as it appears, beside the training on rank 0's host "
+                        "(bert-finetune --watch; e.g. \"--task embedded:polarity --seeds 1 2 3\"): "
+                        "RUN/downstream.jsonl, RUN/downstream.log")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.add_config_arguments(p)
     return p.parse_args(argv)
@@ -267,9 +274,31 @@ def main() -> None:
         return
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
+        # the summary of an earlier launch would say "finished" while this one trains
+        (run_dir / "summary.json").unlink(missing_ok=True)
         (run_dir / "run_config.json").write_text(json.dumps(
             {"args": vars(args), "deepspeed_config": ds_config, "world_size": world,
              "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, indent=1, default=str))
+    if args.watch_downstream:
+        problem = [None]
+        if rank == 0:
+            try:
+                watcher_command = companion_command(run_dir, args.watch_downstream, os.getpid())
+            except (UsageError, TaskError, ValueError) as exc:  # ValueError: shlex, an unclosed quote
+                problem[0] = f"--watch-downstream: {exc}"
+            except SystemExit:  # argparse's -h
+                problem[0] = "--watch-downstream: give bert-finetune's flags (see bert-finetune --help)"
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0]:
+            fail(problem[0])
+        if rank == 0:
+            try:
+                start_beside_training(watcher_command, run_dir)
+                print(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}",
+                      flush=True)
+            except OSError as exc:  # the probes are optional; the training is not
+                print(f"warning: --watch-downstream: could not start the watcher ({exc}); training goes on",
+                      flush=True)
     metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps)
     stop = StopRequest()
     book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
@@ -358,7 +387,9 @@ def main() -> None:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
                    "trained_s": book.trained_s(), "world_size": world, "hosts": hosts,
                    "params_identical_across_ranks": identical, **last_eval}
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(run_dir / "summary.json")
         print(f"done: {json.dumps(summary)}", flush=True)
     metrics.close()
     dist.barrier()

@@ -18,7 +18,16 @@ Each side is evaluated every --eval-every-s seconds of its own training (evaluat
 not counted) and at the end. The report: each side's accuracy over time, the hf_trainer's final
 accuracy and how long the project took to reach it; a PNG plot and JSON.
 
-    python benchmarks/vs_hf_trainer.py [--model mini] [--minutes 10] [--json OUT] [--plot OUT.png]
+--snapshot-minutes 10 20 keeps each side's model as a Hugging Face directory (weights and
+tokenizer, loadable by `bert-finetune --model`) in WORK/snapshots/{hf_trainer,project}_Mmin
+after M minutes of training. Both schedules are constant after warmup, so the M-minute snapshot
+of a longer run is what an M-minute run would have produced. The Trainer side saves from its
+callback (saving not counted, as scoring is not); train.py runs in segments, each stopped by its
+own --time-budget (kept across relaunches) and resumed from its checkpoint, its RUN/hf_model
+copied after each.
+
+    python benchmarks/vs_hf_trainer.py [--model mini] [--minutes 10] [--snapshot-minutes 5 10]
+        [--work DIR] [--json OUT] [--plot OUT.png]
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ import copy
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,9 +104,11 @@ def run_hf_trainer(args) -> None:
     model = BertForMaskedLM._from_config(copy.deepcopy(build_config(args.model, manifest["vocab"]["size"])),
                                          attn_implementation="sdpa")
     budget, curve = args.minutes * 60, []
+    snapshots = sorted(m for m in args.snapshot_minutes if m <= args.minutes)
 
     class TimeBudgetAndEval(TrainerCallback):
-        """Stops at the wall-clock budget; evaluates every eval_every_s of training time."""
+        """Stops at the wall-clock budget; evaluates every eval_every_s of training time and keeps
+        the model at each snapshot minute."""
 
         def on_train_begin(self, targs, state, control, **kw):
             self.began, self.evaluating, self.last_eval = time.perf_counter(), 0.0, 0.0
@@ -105,6 +117,13 @@ def run_hf_trainer(args) -> None:
             trained = time.perf_counter() - self.began - self.evaluating  # loading included, scoring not
             if trained >= budget:
                 control.should_training_stop = True
+            while snapshots and trained >= snapshots[0] * 60:
+                saving = time.perf_counter()
+                keep = Path(args.out).parent / "snapshots" / f"hf_trainer_{snapshots.pop(0):g}min"
+                model.save_pretrained(str(keep))
+                tokenizer.save_pretrained(str(keep))
+                (keep / "pretraining.json").write_text(json.dumps({"elapsed_s": trained, "step": state.global_step}))
+                self.evaluating += time.perf_counter() - saving
             if trained - self.last_eval >= args.eval_every_s or control.should_training_stop:
                 self.last_eval = trained
                 scoring = time.perf_counter()
@@ -139,14 +158,23 @@ def run_project(args, data: Path, out: Path) -> list[dict]:
     deepspeed = str(Path(sys.executable).parent / "deepspeed")
     # train.py scores the same validation split with the same definition (argmax at the masked
     # positions); its elapsed_s leaves its evaluations out, as the Trainer side does
-    cmd = [deepspeed, "--num_gpus", "1", "--master_port", str(free_port()), "train.py",
-           "--deepspeed_config", str(out / "ds_config.json"), "--data", str(data), "--model", args.model,
-           "--output-dir", str(out / "run"), "--time-budget", f"{args.minutes * 60}s", "--max-steps", "1000000",
-           "--log-every", "10", "--eval-every", str(args.project_eval_every), "--num-workers", "1",
-           "--seed", str(args.seed), "--resume", "none"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise SystemExit(f"train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    segments = sorted({m for m in args.snapshot_minutes if m < args.minutes} | {args.minutes})
+    for i, minutes in enumerate(segments):
+        cmd = [deepspeed, "--num_gpus", "1", "--master_port", str(free_port()), "train.py",
+               "--deepspeed_config", str(out / "ds_config.json"), "--data", str(data), "--model", args.model,
+               "--output-dir", str(out / "run"), "--time-budget", f"{minutes * 60}s", "--max-steps", "1000000",
+               "--log-every", "10", "--eval-every", str(args.project_eval_every), "--num-workers", "1",
+               "--save-every-minutes", "0", "--seed", str(args.seed), "--resume", "auto" if i else "none"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise SystemExit(f"train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        if minutes in args.snapshot_minutes:
+            keep = out.parent / "snapshots" / f"project_{minutes:g}min"
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.copytree(out / "run" / "hf_model", keep)
+            summary = json.loads((out / "run" / "summary.json").read_text())
+            (keep / "pretraining.json").write_text(json.dumps({"elapsed_s": summary["trained_s"],
+                                                               "wall_s": summary["wall_s"], "step": summary["step"]}))
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     return [{"elapsed_s": r["elapsed_s"], "step": r["step"], "val_mlm_acc": r["val_mlm_acc"]}
             for r in rows if "val_mlm_acc" in r]
@@ -166,6 +194,8 @@ def main() -> None:
     parser.add_argument("--eval-every-s", type=float, default=60.0)
     parser.add_argument("--project-eval-every", type=int, default=25, help="train.py evaluates every N steps")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--snapshot-minutes", type=float, nargs="*", default=[],
+                        help="keep each side's model after these minutes (WORK/snapshots/SIDE_Mmin)")
     parser.add_argument("--work", help="directory for data and runs (default: a temporary one)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a PNG of accuracy against time here")

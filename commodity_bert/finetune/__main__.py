@@ -1,0 +1,3 @@
+from commodity_bert.finetune.cli import main
+
+main()

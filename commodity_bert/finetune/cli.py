@@ -1,0 +1,230 @@
+"""bert-finetune: fine-tune a pretrained BERT on a classification task over several seeds and
+report the dev metric beside the majority class (and, with --random-init, beside the same
+architecture fine-tuned from random weights), so a reader sees what pretraining bought.
+
+    bert-finetune --model RUN --task embedded:polarity --random-init
+    bert-finetune --model RUN/hf_model --train train.csv --validation dev.csv --text-field review
+    bert-finetune --model RUN --glue MRPC glue_data/MRPC --json mrpc.json
+    bert-finetune --watch RUN --task embedded:polarity     # probe each checkpoint as it appears
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from commodity_bert.finetune import tasks
+from commodity_bert.finetune.metrics import METRICS
+from commodity_bert.finetune.models import ModelError, Pretrained
+from commodity_bert.finetune.tasks import Task, TaskError
+
+PROG = "bert-finetune"
+
+
+class UsageError(Exception):
+    """Bad or incompatible flags; the message is one line for the user."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def fail(message: str, status: int = 2):
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_argument_group("the model")
+    which.add_argument("--model", type=Path, help="a RUN directory, an exported hf_model, a Hugging Face BERT "
+                       "directory with its tokenizer, or a checkpoint RUN/checkpoints/step_N")
+    which.add_argument("--watch", type=Path, metavar="RUN", help="probe each new checkpoint and export of this "
+                       "(running or finished) run; rows go to RUN/downstream.jsonl and its TensorBoard")
+    task = p.add_argument_group("the task (one of)")
+    task.add_argument("--task", help="an embedded task: embedded:polarity")
+    task.add_argument("--glue", nargs=2, metavar=("TASK", "DIR"),
+                      help="GLUE's own TSVs: SST-2, CoLA, MRPC, QQP, QNLI, RTE or MNLI, and the directory of its "
+                           "train.tsv and dev.tsv (MNLI: dev_matched.tsv)")
+    task.add_argument("--train", type=Path, help="CSV/TSV with a header row, JSONL, or a save_to_disk dataset")
+    task.add_argument("--validation", type=Path, help="the dev set, in the same form")
+    task.add_argument("--text-field", default="text")
+    task.add_argument("--text-pair-field", help="the second text of sentence-pair tasks")
+    task.add_argument("--label-field", default="label")
+    task.add_argument("--metric", choices=METRICS, help="default: accuracy (GLUE tasks: GLUE's own)")
+    task.add_argument("--positive-label", help="F1's positive class (default: the last label in sorted order)")
+    hp = p.add_argument_group("fine-tuning, the same for every task unless told")
+    hp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    hp.add_argument("--epochs", type=float, default=3.0)
+    hp.add_argument("--lr", type=float, default=5e-5)
+    hp.add_argument("--batch-size", type=int, default=32)
+    hp.add_argument("--max-seq-len", type=int, default=128)
+    hp.add_argument("--warmup-fraction", type=float, default=0.1)
+    hp.add_argument("--weight-decay", type=float, default=0.01)
+    hp.add_argument("--dropout", type=float, default=0.1)
+    hp.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="auto: bf16 autocast on GPUs with bf16 and on CPUs with AVX-512 BF16, else fp32")
+    hp.add_argument("--random-init", action="store_true",
+                    help="also fine-tune the same architecture from random weights, with the same seeds")
+    run = p.add_argument_group("where and how")
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    run.add_argument("--threads", type=int, help="CPU threads (default: torch's, one per core)")
+    run.add_argument("--cache-dir", type=Path, help="tokenized tasks (default: ~/.cache/commodity_bert/finetune)")
+    run.add_argument("--no-cache", action="store_true", help="tokenize again and keep nothing")
+    run.add_argument("--json", type=Path, help="write the result object here")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    watch = p.add_argument_group("--watch")
+    watch.add_argument("--poll-seconds", type=float, default=30.0)
+    watch.add_argument("--once", action="store_true", help="probe what is there now, then exit")
+    watch.add_argument("--stop-with-pid", type=int, help="exit once this process (the training) has ended "
+                       "and its last export is probed")
+    return p
+
+
+def check_arguments(args) -> None:
+    if (args.model is None) == (args.watch is None):
+        raise UsageError("give --model PATH (fine-tune it) or --watch RUN (probe a run's checkpoints), one of them")
+    sources = [args.task is not None, args.glue is not None, args.train is not None or args.validation is not None]
+    if sum(sources) != 1:
+        raise UsageError("name one task: --task embedded:polarity, --glue TASK DIR, or --train FILE --validation FILE")
+    if sources[2] and (args.train is None or args.validation is None):
+        raise UsageError("--train and --validation go together")
+    for name in ("epochs", "lr", "batch_size", "max_seq_len"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.threads is not None and args.threads <= 0:
+        raise UsageError("--threads must be positive")
+    if not 0 <= args.dropout < 1 or not 0 <= args.warmup_fraction <= 1:
+        raise UsageError("--dropout must be in [0, 1) and --warmup-fraction in [0, 1]")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise UsageError("--seeds: each seed once")
+
+
+def load_task(args) -> Task:
+    if args.task is not None:
+        return tasks.embedded(args.task)
+    if args.glue is not None:
+        return tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
+    return tasks.from_files(args.train, args.validation, args.text_field, args.text_pair_field,
+                            args.label_field, args.metric or "accuracy", args.positive_label)
+
+
+def pick_device(requested: str):
+    import torch
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {requested}: no CUDA device here; use --device cpu")
+    return device
+
+
+def pick_precision(requested: str, device) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:  # without AVX-512 BF16 a CPU emulates bf16, slower than fp32
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "fp32"
+    return "bf16" if "avx512_bf16" in flags.split() or "amx_bf16" in flags.split() else "fp32"
+
+
+def hyperparameters(args, device):
+    from commodity_bert.finetune.trainer import Hyperparameters
+    return Hyperparameters(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
+                           warmup_fraction=args.warmup_fraction, weight_decay=args.weight_decay,
+                           dropout=args.dropout, precision=pick_precision(args.precision, device))
+
+
+def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
+             random_init: bool, progress: bool = True) -> dict:
+    """Fine-tune over every seed (and the random-init baseline); the result object of --json."""
+    import torch
+
+    from commodity_bert.finetune import trainer
+    started = time.perf_counter()
+    positions = pretrained.config.max_position_embeddings
+    if hp.max_seq_len > positions:
+        raise ModelError(f"--max-seq-len {hp.max_seq_len}: the model {pretrained.path} has {positions} positions; "
+                         f"give --max-seq-len {positions} or less")
+    train, dev, from_cache = trainer.encode(task, pretrained.tokenizer, hp.max_seq_len, cache_dir)
+    majority_label = tasks.majority_label(task)
+    rows = {}
+    for name, from_random in (("pretrained", False),) + ((("random_init", True),) if random_init else ()):
+        rows[name] = trainer.summarise([trainer.finetune(pretrained, task, train, dev, seed, hp, device, from_random,
+                                                         progress) for seed in seeds])
+    truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train), 1)
+    return {"task": task.name, "metric": task.metric, **rows["pretrained"], "model": str(pretrained.path),
+            "train_size": len(train), "dev_size": len(dev), "seconds": round(time.perf_counter() - started, 1),
+            "majority": {"label": str(majority_label), "value": trainer.majority(task, dev, majority_label)},
+            "random_init": rows.get("random_init"), "labels": [str(n) for n in task.label_names],
+            "positive_label": None if task.positive_label is None else str(task.positive_label),
+            "hyperparameters": trainer.hyperparameters_dict(hp), "device": str(device),
+            "threads": torch.get_num_threads(), "tokenized_from_cache": from_cache,
+            "truncated_fraction": round(truncated, 4), "pretraining": pretrained.provenance, "source": task.source}
+
+
+def print_report(result: dict) -> None:
+    hp = result["hyperparameters"]
+    print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']} "
+          f"train); {len(result['per_seed'])} seeds, {hp['epochs']:g} epochs, lr {hp['lr']:g}, batch "
+          f"{hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['precision']} on {result['device']}; "
+          f"{result['seconds']:.0f} s")
+    print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}   per seed")
+    named = [("pretrained", result)] + ([("random init", result["random_init"])] if result["random_init"] else [])
+    for name, row in named:
+        per_seed = " ".join(f"{100 * r['value']:.1f}" for r in row["per_seed"])
+        print(f"{name:<24}{100 * row['median']:>7.1f}%{100 * row['min']:>7.1f}%{100 * row['max']:>7.1f}%   "
+              f"{per_seed}")
+    label = f"majority ({result['majority']['label']})"
+    print(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
+    print(f"model: {result['model']}")
+
+
+def write_json(path: Path, obj) -> None:
+    """Through a temporary name: a failed write leaves the earlier file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        args = build_parser().parse_args(argv)
+        check_arguments(args)
+        task = load_task(args)  # before any model is read: a bad file is reported at once
+    except (UsageError, TaskError) as exc:
+        fail(str(exc))
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    from commodity_bert.finetune.trainer import default_cache_dir
+    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
+    try:
+        hp = hyperparameters(args, device)
+        if args.watch is not None:
+            from commodity_bert.finetune import watch
+            watch.run(args.watch, task, hp, args.seeds, device, cache_dir, poll_seconds=args.poll_seconds,
+                      once=args.once, stop_with_pid=args.stop_with_pid, progress=not args.quiet)
+            return
+        from commodity_bert.finetune import models
+        pretrained = models.load(args.model)
+        result = evaluate(pretrained, task, hp, args.seeds, device, cache_dir, args.random_init, not args.quiet)
+    except (TaskError, ModelError) as exc:
+        fail(str(exc))
+    print_report(result)
+    if args.json:
+        write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()

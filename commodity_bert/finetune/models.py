@@ -1,0 +1,153 @@
+"""What `--model` names, read once: the encoder's configuration and weights and the tokenizer.
+
+Accepted: a RUN directory (its hf_model, or while the run has exported nothing yet, its newest
+checkpoint), an exported hf_model, any Hugging Face BERT directory with its tokenizer, or a
+checkpoint directory RUN/checkpoints/step_N. Each fine-tuning seed then builds a fresh
+classifier from these weights (`classifier`), so the weights are read from disk once."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from commodity_bert import checkpoint as ckpt
+from commodity_bert import shard_format as fmt
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+class ModelError(Exception):
+    """--model names nothing usable; the message is one line for the user."""
+
+
+@dataclass
+class Pretrained:
+    path: Path  # what the weights were read from
+    config: object  # transformers.BertConfig
+    encoder_state: dict  # "bert.*" tensors; no pooler unless the source trained one
+    tokenizer: object
+    provenance: dict = field(default_factory=dict)  # step, samples, elapsed_s where known
+
+
+def _quiet_transformers() -> None:
+    """from_pretrained lists every head it initialises; the report says it once instead."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _hf_tokenizer(directory: Path, flag: str):
+    from transformers import AutoTokenizer
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelError(f"{flag} {directory}: no tokenizer there (neither tokenizer.json nor vocab.txt); "
+                         f"save one beside the weights with tokenizer.save_pretrained(DIR)")
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{flag} {directory}: cannot load its tokenizer ({str(exc).splitlines()[0]})") from exc
+
+
+def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
+    from transformers import BertConfig, BertModel
+    if not (directory / "config.json").is_file():
+        raise ModelError(f"{flag} {directory}: no config.json; give a RUN directory, its hf_model, a Hugging Face "
+                         f"BERT directory or a checkpoint directory (RUN/checkpoints/step_N)")
+    tokenizer = _hf_tokenizer(directory, flag)
+    try:
+        config = BertConfig.from_pretrained(str(directory))
+        # BertModel's loader strips a task model's prefix (bert.) and reports what it had to create
+        encoder, info = BertModel.from_pretrained(str(directory), output_loading_info=True,
+                                                  attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"{flag} {directory}: not a loadable BERT model ({str(exc).splitlines()[0]})") from exc
+    fresh = set(info.get("missing_keys", []))
+    state = {f"bert.{k}": v for k, v in encoder.state_dict().items() if k not in fresh}
+    if len(state) < 0.5 * len(encoder.state_dict()):
+        raise ModelError(f"{flag} {directory}: its weights are not a BERT encoder's ({len(fresh)} of "
+                         f"{len(encoder.state_dict())} tensors missing)")
+    provenance = {}
+    for record in (directory / "pretraining.json", directory.parent / "summary.json"):
+        if record.is_file():  # a benchmark snapshot, or the RUN this hf_model was exported from
+            known = json.loads(record.read_text())
+            provenance = {"step": known.get("step"), "samples": known.get("samples"),
+                          "elapsed_s": known.get("elapsed_s", known.get("trained_s"))}
+            break
+    return Pretrained(directory, config, state, tokenizer, provenance)
+
+
+def _run_tokenizer(run_dir: Path, run_config: dict, flag: str):
+    """The run's tokenizer: its hf_model's if exported, else the vocabulary of its data."""
+    if (run_dir / "hf_model").is_dir():
+        return _hf_tokenizer(run_dir / "hf_model", flag)
+    from transformers import BertTokenizerFast
+    data = Path(run_config.get("args", {}).get("data", ""))
+    vocab = data / fmt.VOCAB_NAME
+    if not vocab.is_file():
+        raise ModelError(f"{flag}: the run's data directory {data} (for its vocabulary) is not on this machine; "
+                         f"run where the data is, or wait for RUN/hf_model")
+    lowercase = fmt.load_manifest(data)["vocab"].get("lowercase", True)
+    # vocab=, not vocab_file=: with transformers 5 the latter silently builds a 5-token vocabulary
+    return BertTokenizerFast(vocab=str(vocab), do_lower_case=lowercase)
+
+
+def from_checkpoint(step_dir: Path, flag: str = "--model") -> Pretrained:
+    """A DeepSpeed checkpoint train.py wrote: the module's weights (in the training precision)
+    and the run's clocks, without starting DeepSpeed."""
+    from transformers import BertConfig
+    run_dir = step_dir.parent.parent
+    config_file = run_dir / "run_config.json"
+    if not config_file.is_file():
+        raise ModelError(f"{flag} {step_dir}: a checkpoint, but {config_file} (its model's configuration) is "
+                         f"missing; give the RUN directory's checkpoint or its hf_model")
+    run_config = json.loads(config_file.read_text())
+    try:
+        # mmap: under ZeRO 0 the file also holds the optimizer's state, read only where touched
+        saved = torch.load(step_dir / ckpt.MODEL_FILE, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - a checkpoint still being written or cut short
+        raise ModelError(f"{flag} {step_dir}: cannot read {ckpt.MODEL_FILE} ({str(exc).splitlines()[0]})") from exc
+    state = {k.removeprefix("hf_model."): v.float() for k, v in saved["module"].items()}
+    state = {k: v for k, v in state.items() if k.startswith("bert.")}
+    config = BertConfig.from_dict(run_config["model_config"])
+    clocks = saved.get("clocks") or {}
+    provenance = {"step": saved.get("global_steps"), "samples": saved.get("samples"),
+                  "elapsed_s": clocks.get("trained_s")}
+    return Pretrained(step_dir, config, state, _run_tokenizer(run_dir, run_config, flag), provenance)
+
+
+def load(path: Path, flag: str = "--model") -> Pretrained:
+    _quiet_transformers()
+    if not path.exists():
+        raise ModelError(f"{flag} {path}: no such directory")
+    if (path / ckpt.MODEL_FILE).is_file():
+        return from_checkpoint(path, flag)
+    if (path / "hf_model").is_dir():
+        return _from_hf_directory(path / "hf_model", flag)
+    if (path / "config.json").is_file():
+        return _from_hf_directory(path, flag)
+    newest = ckpt.latest(path / "checkpoints")
+    if newest:
+        return from_checkpoint(path / "checkpoints" / newest, flag)
+    raise ModelError(f"{flag} {path}: neither a RUN directory (hf_model/ or checkpoints/), a Hugging Face BERT "
+                     f"directory (config.json) nor a checkpoint (step_N/{ckpt.MODEL_FILE})")
+
+
+def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1):
+    """A BertForSequenceClassification with a fresh head (and pooler, where the source had
+    none), drawn from torch's generator: seed it first. `random_init`: the same architecture
+    with none of the pretrained weights."""
+    from transformers import BertForSequenceClassification
+    settings = {k: v for k, v in pretrained.config.to_dict().items() if k not in ("id2label", "label2id")}
+    config = pretrained.config.__class__.from_dict({**settings, "hidden_dropout_prob": dropout,
+                                                    "attention_probs_dropout_prob": dropout})
+    config.num_labels = num_labels  # the setter rebuilds id2label; a from_dict key would lose to it
+    model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa")
+    if not random_init:
+        missing, unexpected = model.load_state_dict(pretrained.encoder_state, strict=False)
+        assert not unexpected, unexpected  # the state was filtered to the encoder's names
+        if any(not (k.startswith("classifier.") or k.startswith("bert.pooler.")) for k in missing):
+            raise ModelError(f"--model {pretrained.path}: the weights lack {missing[0]}")
+    return model

@@ -1,0 +1,316 @@
+"""Downstream tasks as plain Python lists: text (and a pair's second text) and labels for a
+training and a dev split, the label set and the task's metric.
+
+Three sources: the user's files (CSV/TSV with a header, JSONL, a `datasets` dataset saved with
+`save_to_disk`), GLUE's own TSV layout (`--glue TASK DIR`), and the embedded polarity task.
+Every problem with the input is a TaskError whose message is one line naming the problem and
+the fix."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import lzma
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parent / "resources"
+POLARITY_SOURCE = RESOURCES / "rotten_tomatoes_sentences.tsv.xz"
+POLARITY_NEUTRAL_BAND = 0.8  # |mean score| below this is dropped; SST-2's neutral band, see resources/README.md
+
+csv.field_size_limit(sys.maxsize)  # GLUE and user files hold long fields
+
+
+class TaskError(Exception):
+    """Bad task input; the message is one line for the user."""
+
+
+@dataclass
+class Split:
+    texts: list[str]
+    labels: list  # as read: str or int
+    pairs: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class Task:
+    name: str
+    metric: str  # accuracy | f1 | mcc
+    train: Split
+    dev: Split
+    label_names: list = field(default_factory=list)  # index = class id
+    positive_label: object = None  # F1's positive class
+    source: dict = field(default_factory=dict)  # what the task was read from, for the report
+
+    def label_ids(self, split: Split) -> list[int]:
+        index = {name: i for i, name in enumerate(self.label_names)}
+        return [index[label] for label in split.labels]
+
+
+# ---------------------------------------------------------------- reading files
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in
+                                 ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def read_records(path: Path, role: str) -> list[dict]:
+    """Rows of a CSV/TSV (header row), JSONL file or saved dataset, as dicts. `role` ('train' or
+    'validation') picks the split of a saved DatasetDict."""
+    if not path.exists():
+        raise TaskError(f"--{role} {path}: no such file")
+    if path.is_dir():
+        if not _is_saved_dataset(path):
+            raise TaskError(f"--{role} {path}: a directory, but not a dataset saved with save_to_disk "
+                            f"(no dataset_info.json / dataset_dict.json); give a CSV, TSV or JSONL file")
+        from datasets import DatasetDict, load_from_disk
+        try:
+            loaded = load_from_disk(str(path))
+        except Exception as exc:  # noqa: BLE001 - datasets raises many kinds for a damaged directory
+            raise TaskError(f"--{role} {path}: cannot load the saved dataset ({str(exc).splitlines()[0]})") from exc
+        if isinstance(loaded, DatasetDict):
+            names = [role] + (["dev", "valid", "test"] if role == "validation" else [])
+            name = next((n for n in names if n in loaded), None)
+            if name is None:
+                raise TaskError(f"--{role} {path}: a DatasetDict without a '{role}' split (it has "
+                                f"{', '.join(loaded)}); give the split's own directory")
+            loaded = loaded[name]
+        return list(loaded)
+    suffix = "".join(path.suffixes[-1:]).lower()
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"--{role} {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    if suffix in (".jsonl", ".json"):
+        rows = []
+        # "\n" only: str.splitlines would also split at U+2028 and other separators inside JSON strings
+        for number, line in enumerate(text.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskError(f"--{role} {path}: line {number} is not JSON ({exc.msg}); JSONL needs one "
+                                f"object per line") from exc
+            if not isinstance(row, dict):
+                raise TaskError(f"--{role} {path}: line {number} is not a JSON object")
+            rows.append(row)
+        return rows
+    if suffix in (".csv", ".tsv"):
+        # TSV files quote nothing (GLUE's sentences hold bare quotes); CSV files quote as Excel does
+        dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if suffix == ".tsv" else {}
+        reader = csv.DictReader(io.StringIO(text, newline=""), **dialect)  # quoted fields may span lines
+        rows = list(reader)
+        if reader.fieldnames is None:
+            raise TaskError(f"--{role} {path}: empty file (no header row)")
+        return rows
+    raise TaskError(f"--{role} {path}: unknown format '{suffix or path.name}'; use .csv, .tsv, .jsonl or a "
+                    f"save_to_disk directory")
+
+
+def _column(rows: list[dict], name: str, path: Path, role: str, flag: str) -> list:
+    if not rows:
+        raise TaskError(f"--{role} {path}: no rows (an empty file)")
+    missing = [i for i, row in enumerate(rows) if name not in row]
+    if missing:
+        columns = ", ".join(str(c) for c in rows[missing[0]])
+        where = "" if len(missing) == len(rows) else f" in row {missing[0] + 1}"
+        raise TaskError(f"--{role} {path}: no column '{name}'{where} (columns: {columns}); name it with {flag}")
+    values = [row[name] for row in rows]
+    empty = next((i for i, v in enumerate(values) if v is None or v == ""), None)
+    if empty is not None:
+        raise TaskError(f"--{role} {path}: row {empty + 1} has no value in column '{name}'")
+    return values
+
+
+def _labels(values: list, path: Path, role: str) -> list:
+    """Labels as read; integer-valued floats from JSON become ints, strings stay strings."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or isinstance(v, (int, str)):
+            out.append(v)
+        elif isinstance(v, float) and v.is_integer():
+            out.append(int(v))
+        else:
+            raise TaskError(f"--{role} {path}: row {i + 1} has label {v!r}; labels must be strings or integers "
+                            f"(regression tasks such as STS-B are not supported)")
+    return out
+
+
+def split_from_records(rows: list[dict], path: Path, role: str, text_field: str, pair_field: str | None,
+                       label_field: str) -> Split:
+    texts = [str(t) for t in _column(rows, text_field, path, role, "--text-field")]
+    pairs = [str(t) for t in _column(rows, pair_field, path, role, "--text-pair-field")] if pair_field else None
+    labels = _labels(_column(rows, label_field, path, role, "--label-field"), path, role)
+    return Split(texts, labels, pairs)
+
+
+def _sorted_labels(labels) -> list:
+    kinds = {type(label) for label in labels}
+    if len(kinds) > 1:  # 1 and "1" in one file
+        return sorted(labels, key=str)
+    return sorted(labels)
+
+
+def finish(task_name: str, metric: str, train: Split, dev: Split, train_path, dev_path,
+           positive_label=None, source: dict | None = None) -> Task:
+    """Label set from the training split, checked against the dev split."""
+    if len(train) == 0:
+        raise TaskError(f"--train {train_path}: no rows (an empty file)")
+    if len(dev) == 0:
+        raise TaskError(f"--validation {dev_path}: no rows (an empty file)")
+    names = _sorted_labels(set(train.labels))
+    if len(names) < 2:
+        raise TaskError(f"--train {train_path}: every row has label {names[0]!r}; a classifier needs at least "
+                        f"two labels (check --label-field)")
+    unseen = sorted({repr(label) for label in dev.labels if label not in set(names)})
+    if unseen:  # also "1" in the dev file against 1 in the training file
+        raise TaskError(f"--validation {dev_path}: label(s) {', '.join(unseen[:5])} never occur in "
+                        f"--train {train_path} (its labels: {', '.join(map(repr, names[:10]))})")
+    if metric != "f1":
+        positive_label = None  # only F1 has a positive class
+    else:
+        if positive_label is None:
+            positive_label = names[-1]  # 1 over 0, "positive" over "negative", "yes" over "no"
+        elif positive_label not in names:
+            match = [n for n in names if str(n) == str(positive_label)]
+            if not match:
+                raise TaskError(f"--positive-label {positive_label}: not a training label "
+                                f"({', '.join(map(str, names))})")
+            positive_label = match[0]
+        if len(names) != 2:
+            raise TaskError(f"--metric f1 needs two labels; --train {train_path} has {len(names)}")
+    return Task(task_name, metric, train, dev, names, positive_label, source or {})
+
+
+def from_files(train_path: Path, dev_path: Path, text_field: str, pair_field: str | None, label_field: str,
+               metric: str, positive_label=None) -> Task:
+    train = split_from_records(read_records(train_path, "train"), train_path, "train", text_field, pair_field,
+                               label_field)
+    dev = split_from_records(read_records(dev_path, "validation"), dev_path, "validation", text_field,
+                             pair_field, label_field)
+    # data/sst2/train.csv is task "sst2"; reviews_train.csv is "reviews_train"
+    generic = train_path.stem.lower() in ("train", "training", "data")
+    name = train_path.parent.name if generic and train_path.parent.name else train_path.stem
+    return finish(name, metric, train, dev, train_path, dev_path, positive_label,
+                  {"train": str(train_path), "validation": str(dev_path)})
+
+
+# ---------------------------------------------------------------- GLUE's own layout
+
+@dataclass(frozen=True)
+class GlueLayout:
+    text: str | int  # a header name, or a column index for header-less files (CoLA)
+    pair: str | int | None
+    label: str | int
+    metric: str
+    dev_file: str = "dev.tsv"
+    header: bool = True
+
+
+GLUE = {
+    "sst2": GlueLayout("sentence", None, "label", "accuracy"),
+    "cola": GlueLayout(3, None, 1, "mcc", header=False),
+    "mrpc": GlueLayout("#1 String", "#2 String", "Quality", "f1"),
+    "qqp": GlueLayout("question1", "question2", "is_duplicate", "f1"),
+    "qnli": GlueLayout("question", "sentence", "label", "accuracy"),
+    "rte": GlueLayout("sentence1", "sentence2", "label", "accuracy"),
+    "mnli": GlueLayout("sentence1", "sentence2", "gold_label", "accuracy", dev_file="dev_matched.tsv"),
+}
+GLUE_NAMES = {"sst-2": "sst2", "sst2": "sst2", "cola": "cola", "mrpc": "mrpc", "qqp": "qqp", "qnli": "qnli",
+              "rte": "rte", "mnli": "mnli"}
+
+
+def _glue_split(path: Path, layout: GlueLayout, role: str) -> tuple[Split, int]:
+    """GLUE's TSVs, read as GLUE's own processors read them: tab-separated, no quoting; rows
+    with too few fields (a handful in QQP's train.tsv) are skipped and counted."""
+    if not path.is_file():
+        raise TaskError(f"--glue: {path} not found; DIR must hold GLUE's train.tsv and {layout.dev_file}")
+    lines = [line for line in path.read_text(encoding="utf-8-sig").split("\n") if line]  # not splitlines: see above
+    if not lines:
+        raise TaskError(f"--glue: {path} is empty")
+    rows = [line.split("\t") for line in lines]
+    if layout.header:
+        header, rows = rows[0], rows[1:]
+        where = {}
+        for name in (layout.text, layout.pair, layout.label):
+            if name is None:
+                continue
+            if name not in header:
+                raise TaskError(f"--glue: {path} has no column '{name}' (header: {', '.join(header[:12])}); "
+                                f"is this the right task's directory?")
+            where[name] = header.index(name)
+        text_at, label_at = where[layout.text], where[layout.label]
+        pair_at = where.get(layout.pair)
+        if layout.label == "gold_label":  # MNLI's gold label is the last column (1 to 5 annotator labels precede)
+            label_at = -1
+    else:
+        text_at, pair_at, label_at = layout.text, layout.pair, layout.label
+    needed = max(i for i in (text_at, pair_at, label_at) if i is not None and i >= 0) + 1
+    texts, pairs, labels, skipped = [], [], [], 0
+    for row in rows:
+        if len(row) < needed or not row[label_at] or row[label_at] == "-":
+            skipped += 1
+            continue
+        texts.append(row[text_at])
+        if pair_at is not None:
+            pairs.append(row[pair_at])
+        labels.append(row[label_at])
+    return Split(texts, labels, pairs if pair_at is not None else None), skipped
+
+
+def from_glue(task: str, directory: Path, positive_label=None, metric: str | None = None) -> Task:
+    key = GLUE_NAMES.get(task.lower())
+    if key is None:
+        raise TaskError(f"--glue {task}: unknown task; one of SST-2, CoLA, MRPC, QQP, QNLI, RTE, MNLI "
+                        f"(STS-B, a regression task, is not supported)")
+    layout = GLUE[key]
+    if not directory.is_dir():
+        raise TaskError(f"--glue {task} {directory}: no such directory")
+    train, skipped_train = _glue_split(directory / "train.tsv", layout, "train")
+    dev, skipped_dev = _glue_split(directory / layout.dev_file, layout, "validation")
+    metric = metric or layout.metric
+    positive = positive_label if positive_label is not None else ("1" if metric == "f1" else None)
+    return finish(f"glue:{key}", metric, train, dev, directory / "train.tsv", directory / layout.dev_file,
+                  positive, {"glue": str(directory), "skipped_rows": skipped_train + skipped_dev})
+
+
+# ---------------------------------------------------------------- the embedded task
+
+def embedded_polarity() -> Task:
+    """Sentence polarity from the Rotten Tomatoes sentences (resources/README.md says how)."""
+    with lzma.open(POLARITY_SOURCE, "rt", encoding="utf-8", newline="") as fh:
+        lines = fh.read().splitlines()
+    seen: set[str] = set()
+    train, dev = Split([], []), Split([], [])
+    for line in lines:
+        number, score, sentence = line.split("\t", 2)
+        score_value = float(score)
+        if abs(score_value) < POLARITY_NEUTRAL_BAND or sentence in seen:
+            continue
+        seen.add(sentence)
+        split = dev if int(number) % 10 == 0 else train
+        split.texts.append(sentence)
+        split.labels.append("positive" if score_value > 0 else "negative")
+    return finish("embedded:polarity", "accuracy", train, dev, "embedded:polarity", "embedded:polarity",
+                  source={"embedded": POLARITY_SOURCE.name, "neutral_band": POLARITY_NEUTRAL_BAND})
+
+
+EMBEDDED = {"embedded:polarity": embedded_polarity}
+
+
+def embedded(name: str) -> Task:
+    if name not in EMBEDDED:
+        raise TaskError(f"--task {name}: unknown; embedded tasks: {', '.join(EMBEDDED)}")
+    return EMBEDDED[name]()
+
+
+def majority_label(task: Task):
+    """The training split's most frequent label (ties: the first in label order)."""
+    counts = Counter(task.train.labels)
+    return max(task.label_names, key=lambda name: counts[name])

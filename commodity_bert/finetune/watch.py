@@ -1,0 +1,182 @@
+"""Probe a pretraining run while it trains: fine-tune each new checkpoint (and the final
+export) on a downstream task and append its row to RUN/downstream.jsonl and to TensorBoard
+(RUN/tensorboard/downstream, tag downstream/TASK/METRIC, at the checkpoint's step).
+
+It runs as its own process beside training (`bert-finetune --watch RUN`, or train.py's
+--watch-downstream, which starts it at the lowest CPU priority on rank 0's host) and only reads
+the run's files, so it can neither slow the training's collectives nor break them. It always
+takes the newest checkpoint it has not probed, skipping those that appeared while it was busy,
+and a probe that fails (a checkpoint rotated away while being read, a full disk) is logged and
+the next one tried. Restarted, it goes on after the steps already in downstream.jsonl."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from commodity_bert import checkpoint as ckpt
+from commodity_bert.finetune import models
+from commodity_bert.finetune.cli import evaluate
+
+ROWS = "downstream.jsonl"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    step: int
+    path: Path
+    kind: str  # checkpoint | export
+
+
+def candidates(run_dir: Path) -> list[Candidate]:
+    """Complete checkpoints (at or before the one `latest` names: a newer directory is still
+    being written) and, once the run has finished, its export; oldest first."""
+    found: dict[int, Candidate] = {}
+    directory = run_dir / "checkpoints"
+    newest = ckpt.latest(directory)
+    if newest:
+        limit = int(ckpt.TAG.match(newest).group(1))
+        for step_dir in directory.iterdir():
+            match = ckpt.TAG.match(step_dir.name)
+            if match and int(match.group(1)) <= limit and (step_dir / ckpt.MODEL_FILE).is_file():
+                found[int(match.group(1))] = Candidate(int(match.group(1)), step_dir, "checkpoint")
+    summary = run_dir / "summary.json"
+    if summary.is_file() and (run_dir / "hf_model" / "config.json").is_file():
+        step = json.loads(summary.read_text())["step"]
+        found[step] = Candidate(step, run_dir / "hf_model", "export")  # the same weights, in fp32
+    return [found[s] for s in sorted(found)]
+
+
+def probed(run_dir: Path, task_name: str) -> set[int]:
+    done = set()
+    path = run_dir / ROWS
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short when the watcher was killed
+            if row.get("task") == task_name:
+                done.add(row["step"])
+    return done
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] watch: {message}", flush=True)
+
+
+def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_dir, progress, writer) -> dict:
+    pretrained = models.load(candidate.path, flag="--watch")
+    result = evaluate(pretrained, task, hp, seeds, device, cache_dir, random_init=False, progress=progress)
+    known = pretrained.provenance
+    row = {"step": candidate.step, "samples": known.get("samples"), "elapsed_s": known.get("elapsed_s"),
+           "task": task.name, "metric": task.metric, "median": result["median"], "min": result["min"],
+           "max": result["max"], "seeds": len(seeds), "source": candidate.kind, "seconds": result["seconds"]}
+    with open(run_dir / ROWS, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+    writer.add_scalar(f"downstream/{task.name.replace(':', '_')}/{task.metric}", result["median"], candidate.step)
+    writer.flush()
+    return row
+
+
+def finished(run_dir: Path, available: list[Candidate]) -> bool:
+    """The run's summary is there and no checkpoint is newer than its export (train.py removes
+    the summary when it starts, so a relaunched run is not mistaken for a finished one)."""
+    return any(c.kind == "export" for c in available) and available[-1].kind == "export"
+
+
+def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float = 30.0, once: bool = False,
+        stop_with_pid: int | None = None, progress: bool = True) -> None:
+    """While the training runs, probe the newest unprobed checkpoint (skipping older ones);
+    once it has ended (or with --once), probe every unprobed one, oldest first, for the curve."""
+    from torch.utils.tensorboard import SummaryWriter
+    if not run_dir.is_dir():
+        raise models.ModelError(f"--watch {run_dir}: no such directory")
+    writer = SummaryWriter(str(run_dir / "tensorboard" / "downstream"))
+    done = probed(run_dir, task.name)
+    failed: set[int] = set()
+    log(f"watching {run_dir} for {task.name} ({len(seeds)} seeds); already probed: {sorted(done) or 'none'}")
+    try:
+        while True:
+            try:
+                available = candidates(run_dir)
+            except (OSError, ValueError, KeyError) as exc:  # a file caught mid-write or mid-rotation
+                log(f"cannot list the run's checkpoints now ({type(exc).__name__}: {exc}); retrying")
+                time.sleep(poll_seconds)
+                continue
+            over = once or not _alive(stop_with_pid) or (stop_with_pid is None and finished(run_dir, available))
+            todo = [c for c in available if c.step not in done | failed]
+            if not over:  # racing a live run: only what is newer than the last probe, newest first
+                todo = [c for c in todo if c.step > max(done | failed, default=-1)]
+                if len(todo) > 1:
+                    log(f"skipping step(s) {', '.join(str(c.step) for c in todo[:-1])}: step {todo[-1].step} "
+                        f"is newer")
+                todo = todo[-1:]
+            for candidate in todo:
+                try:
+                    row = probe(run_dir, candidate, task, hp, seeds, device, cache_dir, progress, writer)
+                    done.add(candidate.step)
+                    log(f"step {row['step']} ({candidate.kind}): {task.metric} median {100 * row['median']:.1f}% "
+                        f"(min {100 * row['min']:.1f}%, max {100 * row['max']:.1f}%) in {row['seconds']:.0f} s")
+                except Exception as exc:  # noqa: BLE001 - a failed probe must not end the watch
+                    failed.add(candidate.step)
+                    log(f"step {candidate.step} ({candidate.kind}) failed: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}")
+                    traceback.print_exc()
+            if todo:
+                continue  # a newer checkpoint may have appeared meanwhile
+            if over:
+                log("the run has finished" if finished(run_dir, available) else
+                    "training has ended" if stop_with_pid else "nothing more to probe")
+                return
+            time.sleep(poll_seconds)
+    finally:
+        writer.close()
+
+
+def companion_command(run_dir: Path, finetune_args: str, training_pid: int) -> list[str]:
+    """The watcher train.py's --watch-downstream starts: on the CPU with one thread unless the
+    arguments say otherwise (the training owns the cores and GPUs), ending with the training.
+    The arguments are checked now, so a typo fails the launch instead of the probe an hour in."""
+    import shlex
+    import sys
+
+    from commodity_bert.finetune.cli import build_parser, check_arguments, load_task
+    argv = shlex.split(finetune_args)
+
+    def given(flag):
+        return any(a == flag or a.startswith(flag + "=") for a in argv)
+    if not given("--device"):
+        argv += ["--device", "cpu"]
+    if not given("--threads"):
+        argv += ["--threads", "1"]
+    argv = ["--watch", str(run_dir), "--stop-with-pid", str(training_pid), "--quiet", *argv]
+    args = build_parser().parse_args(argv)  # UsageError for a bad flag
+    check_arguments(args)
+    load_task(args)  # TaskError for a missing file or column
+    return [sys.executable, "-m", "commodity_bert.finetune", *argv]
+
+
+def start_beside_training(command: list[str], run_dir: Path):
+    """Started in its own session (the launcher's signals are for the ranks) at the lowest CPU
+    priority; its output goes to RUN/downstream.log."""
+    import subprocess
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "downstream.log", "a") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=lambda: os.nice(19))

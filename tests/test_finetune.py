@@ -1,0 +1,333 @@
+"""bert-finetune: real files in every accepted form, real sentences (the embedded polarity task),
+the tiny model the shared 30-step pretraining run (run30) exported, and its real checkpoints."""
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import COMMON, REPO, launch_cmd
+
+from commodity_bert.finetune import metrics, tasks
+from commodity_bert.finetune.cli import main as finetune_main
+
+FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2"]
+
+
+@pytest.fixture(scope="module")
+def polarity():
+    return tasks.embedded_polarity()
+
+
+@pytest.fixture(scope="module")
+def small(polarity, tmp_path_factory):
+    """240 training and 120 dev sentences of the embedded task, as plain rows."""
+    def rows(split, n):  # evenly spaced: the source lists positive reviews first
+        every = len(split) // n
+        return [{"text": t, "label": label} for t, label in zip(split.texts[::every][:n], split.labels[::every][:n])]
+    return {"train": rows(polarity.train, 240), "dev": rows(polarity.dev, 120),
+            "cache": tmp_path_factory.mktemp("finetune_cache")}
+
+
+def write(path, rows, form):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if form == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif form == "tsv":  # as TSV files are written: no quoting
+        lines = ["\t".join(rows[0])] + ["\t".join(str(v) for v in r.values()) for r in rows]
+        path.write_text("".join(line + "\n" for line in lines))
+    else:
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+def run_finetune(*args, json_out, cache=None):
+    finetune_main([*map(str, args), "--json", str(json_out),
+                   *(["--cache-dir", str(cache)] if cache else ["--no-cache"])])
+    return json.loads(json_out.read_text())
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "commodity_bert.finetune", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# ---- the metrics, by hand
+
+def test_metrics_equal_a_hand_computation():
+    predicted, gold = [1, 0, 1, 1, 0, 1], [1, 0, 0, 1, 1, 1]
+    # 4 of 6 right; TP 3, FP 1, FN 1, TN 1
+    assert metrics.accuracy(predicted, gold) == pytest.approx(4 / 6)
+    assert metrics.f1(predicted, gold, positive=1) == pytest.approx(2 * 3 / (4 + 4))
+    assert metrics.f1(predicted, gold, positive=0) == pytest.approx(2 * 1 / (2 + 2))
+    # (TP*TN - FP*FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = (3 - 1) / sqrt(4*4*2*2)
+    assert metrics.matthews(predicted, gold, 2) == pytest.approx(0.25)
+    # three classes: 4 of 6 right, every class predicted and true twice: (4*6 - 12) / (36 - 12)
+    assert metrics.matthews([0, 1, 2, 2, 1, 0], [0, 1, 2, 1, 2, 0], 3) == pytest.approx(0.5)
+    assert metrics.matthews([1] * 6, gold, 2) == 0.0  # a constant answer correlates with nothing
+    assert metrics.f1([0] * 6, gold, positive=1) == 0.0
+
+
+# ---- the embedded task
+
+def test_embedded_polarity_is_deterministic_balanced_and_disjoint(polarity):
+    source = tasks.POLARITY_SOURCE
+    assert source.is_file() and (source.parent / "README.md").read_text().count("MIT") >= 1
+    again = tasks.embedded_polarity()
+    assert again.train.texts == polarity.train.texts and again.dev.labels == polarity.dev.labels
+    assert polarity.label_names == ["negative", "positive"] and polarity.metric == "accuracy"
+    assert (len(polarity.train), len(polarity.dev)) == (8646, 964)  # the counts resources/README.md states
+    assert not set(polarity.train.texts) & set(polarity.dev.texts)
+    for split in (polarity.train, polarity.dev):
+        positive = split.labels.count("positive") / len(split)
+        assert 0.45 < positive < 0.55
+
+
+# ---- files in every form, end to end
+
+@pytest.mark.slow
+def test_csv_tsv_jsonl_and_saved_dataset_give_the_same_result(tmp_path, small, run30):
+    from datasets import Dataset, DatasetDict
+    model = run30 / "hf_model"
+    results = {}
+    for form in ("csv", "tsv", "jsonl"):
+        train = write(tmp_path / form / f"train.{form}", small["train"], form)
+        dev = write(tmp_path / form / f"dev.{form}", small["dev"], form)
+        results[form] = run_finetune("--model", model, "--train", train, "--validation", dev, *FAST,
+                                     json_out=tmp_path / f"{form}.json", cache=small["cache"])
+    saved = tmp_path / "saved"
+    DatasetDict({"train": Dataset.from_list(small["train"]), "validation": Dataset.from_list(small["dev"])}
+                ).save_to_disk(str(saved))
+    results["dataset_dict"] = run_finetune("--model", model, "--train", saved, "--validation", saved, *FAST,
+                                           json_out=tmp_path / "dd.json", cache=small["cache"])
+    Dataset.from_list(small["train"]).save_to_disk(str(tmp_path / "train_ds"))
+    Dataset.from_list(small["dev"]).save_to_disk(str(tmp_path / "dev_ds"))
+    results["dataset"] = run_finetune("--model", model, "--train", tmp_path / "train_ds", "--validation",
+                                      tmp_path / "dev_ds", *FAST, json_out=tmp_path / "ds.json", cache=small["cache"])
+    first = results["csv"]
+    for key in ("task", "metric", "median", "min", "max", "per_seed", "model", "train_size", "dev_size", "seconds"):
+        assert key in first
+    assert (first["train_size"], first["dev_size"], first["metric"]) == (240, 120, "accuracy")
+    assert first["model"] == str(model)
+    for form, result in results.items():  # the same rows, however stored: the same number
+        assert result["per_seed"][0]["value"] == first["per_seed"][0]["value"], form
+        assert result["per_seed"][0]["final_train_loss"] == first["per_seed"][0]["final_train_loss"], form
+    # the first form tokenized; every later one found the same task in the cache
+    assert not results["csv"]["tokenized_from_cache"] and results["jsonl"]["tokenized_from_cache"]
+    dev_labels = [r["label"] for r in small["dev"]]
+    majority = max(set(r["label"] for r in small["train"]), key=[r["label"] for r in small["train"]].count)
+    assert first["majority"] == {"label": majority, "value": dev_labels.count(majority) / len(dev_labels)}
+
+
+@pytest.mark.slow
+def test_console_script_pairs_integer_labels_and_f1(tmp_path, small, run30):
+    """Sentence pairs with integer labels from JSONL, F1, through `python -m` in its own process;
+    the random-init baseline beside the pretrained row."""
+    def pairs(rows):  # same polarity (1) or not (0)
+        return [{"a": x["text"], "b": y["text"], "same": int(x["label"] == y["label"])}
+                for x, y in zip(rows, rows[1:] + rows[:1])]
+    train = write(tmp_path / "train.jsonl", pairs(small["train"]), "jsonl")
+    dev = write(tmp_path / "dev.jsonl", pairs(small["dev"]), "jsonl")
+    proc = cli("--model", run30, "--train", train, "--validation", dev, "--text-field", "a", "--text-pair-field",
+               "b", "--label-field", "same", "--metric", "f1", "--random-init", *FAST, "--json", tmp_path / "out.json",
+               "--no-cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["metric"] == "f1" and result["labels"] == ["0", "1"] and result["positive_label"] == "1"
+    assert result["model"] == str(run30 / "hf_model")  # a RUN directory means its export
+    assert result["random_init"] and len(result["random_init"]["per_seed"]) == 1
+    assert "random init" in proc.stdout and ("majority (1)" in proc.stdout or "majority (0)" in proc.stdout)
+    assert 0.0 <= result["median"] <= 1.0
+
+
+def glue_dirs(root, small):
+    train, dev = small["train"][::3], small["dev"][::3]  # evenly spaced: both labels
+    texts = [r["text"] for r in train], [r["text"] for r in dev]
+    labels = [r["label"] for r in train], [r["label"] for r in dev]
+    layouts = {}
+    for split, name in ((0, "train.tsv"), (1, "dev.tsv")):
+        sst = ["sentence\tlabel"] + [f"{t}\t{int(lab == 'positive')}" for t, lab in zip(texts[split], labels[split])]
+        cola = [f"src\t{int(lab == 'positive')}\t\t{t}" for t, lab in zip(texts[split], labels[split])]  # no header
+        mrpc = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"] + [
+            f"{int(i % 3 == 0)}\t{i}\t{i + 1}\t{t}\t{texts[split][(i + 1) % len(texts[split])]}"
+            for i, t in enumerate(texts[split])]
+        nli = ["entailment", "neutral", "contradiction"]
+        mnli = ["index\tpromptID\tpairID\tgenre\ts1b\ts2b\ts1p\ts2p\tsentence1\tsentence2\tlabel1\tgold_label"] + [
+            f"{i}\t0\t0\tfiction\t(\t(\t(\t(\t{t}\t{texts[split][-i - 1]}\t{nli[i % 3]}\t{nli[i % 3]}"
+            for i, t in enumerate(texts[split])]
+        for task, lines in (("SST-2", sst), ("CoLA", cola), ("MRPC", mrpc), ("MNLI", mnli)):
+            file = "dev_matched.tsv" if task == "MNLI" and split else name
+            (root / task).mkdir(parents=True, exist_ok=True)
+            (root / task / file).write_text("\n".join(lines) + "\n")
+            layouts[task] = root / task
+    return layouts
+
+
+@pytest.mark.slow
+def test_glue_layouts_map_columns_and_metrics(tmp_path, small, run30):
+    dirs = glue_dirs(tmp_path / "glue", small)
+    expected = {"SST-2": ("glue:sst2", "accuracy", ["0", "1"]), "CoLA": ("glue:cola", "mcc", ["0", "1"]),
+                "MRPC": ("glue:mrpc", "f1", ["0", "1"]),
+                "MNLI": ("glue:mnli", "accuracy", ["contradiction", "entailment", "neutral"])}
+    for task, (name, metric, labels) in expected.items():
+        result = run_finetune("--model", run30, "--glue", task, dirs[task], *FAST, "--epochs", "0.5",
+                              json_out=tmp_path / f"{task}.json")
+        assert (result["task"], result["metric"], result["labels"]) == (name, metric, labels), task
+        assert (result["train_size"], result["dev_size"]) == (80, 40), task
+        if metric == "f1":
+            assert result["positive_label"] == "1"
+    # the majority baseline's MCC is 0 by definition; its F1 on MRPC's dev labels, by hand
+    cola = json.loads((tmp_path / "CoLA.json").read_text())
+    assert cola["majority"]["value"] == 0.0
+    mrpc = json.loads((tmp_path / "MRPC.json").read_text())
+    gold = [int(i % 3 == 0) for i in range(40)]
+    majority = int(sum(int(i % 3 == 0) for i in range(80)) > 40)  # 27 of 80 are 1: the majority is 0
+    assert mrpc["majority"] == {"label": str(majority), "value": metrics.f1([majority] * 40, gold, 1)}
+
+
+@pytest.mark.slow
+def test_a_learnable_task_is_learned_and_seeds_reproduce(tmp_path, small, run30):
+    """The label is a marker word in front of real sentences: any working pipeline (batching,
+    padding, prediction order) scores near 100%; the same seed gives the same number."""
+    def marked(rows):
+        return [{"text": f"{'alpha' if i % 2 else 'omega'} {r['text']}", "label": "a" if i % 2 else "o"}
+                for i, r in enumerate(rows)]
+    train = write(tmp_path / "train.csv", marked(small["train"]), "csv")
+    dev = write(tmp_path / "dev.csv", marked(small["dev"]), "csv")
+    args = ["--model", run30, "--train", train, "--validation", dev, *FAST, "--lr", "1e-3", "--epochs", "3",
+            "--seeds", "3", "4"]
+    first = run_finetune(*args, json_out=tmp_path / "first.json")
+    again = run_finetune(*args, json_out=tmp_path / "again.json")
+    assert first["median"] >= 0.9, first["per_seed"]
+    assert [r["value"] for r in first["per_seed"]] == [r["value"] for r in again["per_seed"]]
+    assert [r["final_train_loss"] for r in first["per_seed"]] == [r["final_train_loss"] for r in again["per_seed"]]
+    assert first["per_seed"][0]["final_train_loss"] != first["per_seed"][1]["final_train_loss"]  # seeds differ
+
+
+# ---- bad input: one line, exit 2, no traceback
+
+@pytest.mark.slow
+def test_bad_inputs_get_one_line_and_exit_2(tmp_path, small, run30):
+    good_train = write(tmp_path / "train.csv", small["train"], "csv")
+    good_dev = write(tmp_path / "dev.csv", small["dev"], "csv")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header_only.jsonl").write_text("")
+    one_label = write(tmp_path / "one.csv", [{"text": r["text"], "label": "x"} for r in small["train"]], "csv")
+    odd_dev = write(tmp_path / "odd.csv", small["dev"][:5] + [{"text": "new", "label": "neutral"}], "csv")
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(run30 / "hf_model", no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (no_tokenizer / name).unlink(missing_ok=True)
+    cases = {
+        "missing file": (["--train", tmp_path / "nope.csv", "--validation", good_dev], "no such file"),
+        "missing column": (["--train", good_train, "--validation", good_dev, "--text-field", "review"],
+                           "no column 'review'"),
+        "empty file": (["--train", tmp_path / "empty.csv", "--validation", good_dev], "empty"),
+        "empty jsonl": (["--train", good_train, "--validation", tmp_path / "header_only.jsonl"], "empty"),
+        "one label": (["--train", one_label, "--validation", good_dev], "at least two labels"),
+        "unseen dev label": (["--train", good_train, "--validation", odd_dev], "'neutral' never occur"),
+        "no tokenizer": (["--train", good_train, "--validation", good_dev, "--model", no_tokenizer], "no tokenizer"),
+        "no task": ([], "name one task"),
+    }
+    for case, (args, expected) in cases.items():
+        model = [] if "--model" in args else ["--model", run30]
+        proc = cli(*model, *args, *FAST, "--json", tmp_path / "out.json")
+        assert proc.returncode == 2, (case, proc.stderr[-2000:])
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("bert-finetune: error: "), (case, proc.stderr)
+        assert expected in lines[0], (case, lines[0])
+    assert not list(tmp_path.glob("*.json"))  # nothing written
+
+
+# ---- probing a run while it trains
+
+@pytest.mark.slow
+def test_watch_probes_each_new_checkpoint_and_logs_a_failed_one(tmp_path, small, run30):
+    """A run whose checkpoints appear one by one while the watcher polls: step 20, a damaged
+    step 25 (logged, skipped), step 30, then the run's end (summary and export)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(run30 / "run_config.json", run)
+    shutil.copytree(run30 / "hf_model", tmp_path / "later_export")
+    (run / "checkpoints").mkdir()
+
+    def publish(step, damaged=False):
+        tag = f"step_{step:08d}"
+        if damaged:
+            (run / "checkpoints" / tag).mkdir()
+            (run / "checkpoints" / tag / "mp_rank_00_model_states.pt").write_bytes(b"cut short")
+        else:
+            shutil.copytree(run30 / "checkpoints" / tag, run / "checkpoints" / tag)
+        (run / "checkpoints" / "latest").write_text(tag)
+
+    def rows():
+        path = run / "downstream.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+    def wait_for(condition, what, timeout=120):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if condition():
+                return
+            if watcher.poll() is not None:
+                raise AssertionError(f"the watcher ended ({watcher.returncode}) before {what}: {log.read_text()}")
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}: {log.read_text()}")
+
+    train = write(tmp_path / "train.csv", small["train"], "csv")
+    dev = write(tmp_path / "dev.csv", small["dev"], "csv")
+    publish(20)
+    log = tmp_path / "watch.log"
+    with open(log, "w") as out:
+        watcher = subprocess.Popen([sys.executable, "-m", "commodity_bert.finetune", "--watch", run, "--train", train,
+                                    "--validation", dev, *FAST, "--poll-seconds", "0.3", "--no-cache"],
+                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: len(rows()) == 1, "the row of step 20")
+        publish(25, damaged=True)
+        wait_for(lambda: "step 25 (checkpoint) failed" in log.read_text(), "step 25 to be logged as failed")
+        publish(30)
+        wait_for(lambda: len(rows()) == 2, "the row of step 30")
+        shutil.copytree(tmp_path / "later_export", run / "hf_model")
+        (run / "summary.json").write_text(json.dumps({"step": 30}))
+        watcher.wait(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, log.read_text()
+    got = rows()
+    assert [r["step"] for r in got] == [20, 30] and [r["source"] for r in got] == ["checkpoint", "checkpoint"]
+    for row in got:
+        assert set(row) >= {"step", "samples", "elapsed_s", "task", "metric", "median", "min", "max"}
+        assert row["samples"] == row["step"] * 64 and row["elapsed_s"] > 0  # 2 ranks x 32, from the checkpoint
+    assert list((run / "tensorboard" / "downstream").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data):
+    """--watch-downstream: rank 0 starts the watcher; it probes the run's checkpoints and its
+    final export, then ends with the training. A bad task file fails the launch at once."""
+    train = write(tmp_path / "train.csv", small["train"][::2], "csv")
+    dev = write(tmp_path / "dev.csv", small["dev"][::2], "csv")
+    watch_args = f"--train {train} --validation {dev} --seeds 1 --epochs 1 --batch-size 16 --no-cache"
+    run = tmp_path / "run"
+    bad = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", tmp_path / "bad",
+                                    "--max-steps", 4, "--watch-downstream", "--train nope.csv --validation x.csv"),
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "train.py: error: --watch-downstream: --train nope.csv: no such file" in bad.stderr
+    proc = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 8,
+                                     "--save-every", 4, "--watch-downstream", watch_args),
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    deadline = time.time() + 120
+    while time.time() < deadline and "has finished" not in (run / "downstream.log").read_text():
+        time.sleep(0.5)
+    text = (run / "downstream.log").read_text()
+    assert "has finished" in text, text
+    steps = [json.loads(line)["step"] for line in (run / "downstream.jsonl").read_text().splitlines()]
+    # while training: the newest checkpoint; after it: whatever it skipped, so the curve is whole
+    assert sorted(steps) == [4, 8], text
