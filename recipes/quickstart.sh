@@ -6,7 +6,8 @@
 # About 6 minutes on 2 cores with a warm pip cache (README). Re-running resumes / skips finished
 # parts.
 #   DATA_ROOT (default data/quickstart), RUN (default runs/quickstart), STEPS (default 1000),
-#   RANKS (default 2), CONFIG (default: the bf16 config where the CPU has AVX-512 BF16, else fp32)
+#   RANKS (default 2), CONFIG (default: the bf16 config where the CPU has AVX-512 BF16, else fp32),
+#   DOWNSTREAM (default 1; 0: no fine-tuning at the end), DOWNSTREAM_SEEDS (default "1 2 3")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash recipes/setup_env.sh
@@ -36,3 +37,10 @@ echo "training: $CONFIG ($PRECISION), $STEPS steps on ${RANKS:-2} ranks"
     --log-every 100 --eval-every 200 --save-every 200 --num-workers 1 2>&1 \
     | grep --line-buffered -E '^(step|done|stopping)|error|Error'
 $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
+# what it does downstream: the embedded polarity task, beside the same model fine-tuned from
+# random weights (README "Is my BERT any good?"); DOWNSTREAM=0 skips it
+if [ "${DOWNSTREAM:-1}" != 0 ]; then
+    # shellcheck disable=SC2086  # a list of seeds
+    $PY -m commodity_bert.finetune --model "$RUN" --task embedded:polarity --random-init \
+        --seeds ${DOWNSTREAM_SEEDS:-1 2 3} --quiet --json "$RUN/downstream_polarity.json"
+fi

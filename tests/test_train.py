@@ -87,7 +87,9 @@ def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
     return [r for r in ranks if not any(p.pid in {q.pid for q in ranks} for p in r.parents())]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+# SIGTERM sent to the ranks themselves; SIGUSR1 reaches the real train.py through bert-launch in
+# test_launcher.py (the path users run), so it is not repeated here
+@pytest.mark.parametrize("sig", [signal.SIGTERM])
 def test_stop_signal_saves_a_checkpoint_and_exits_zero(tmp_path, data, sig):
     run = tmp_path / "run"
     launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 100000),
