@@ -9,6 +9,8 @@ PNG.
     python benchmarks/vs_hf_trainer.py --model mini --minutes 20 --snapshot-minutes 10 20 --work W
     python benchmarks/downstream_vs_minutes.py --work W [--task embedded:polarity] [--seeds 1 2 3 4 5]
         --json OUT.json --plot OUT.png
+    # again for one side only, keeping the other side's rows and the baselines
+    python benchmarks/downstream_vs_minutes.py --work W --reuse OUT.json --redo project --json NEW.json
 """
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def main() -> None:
     parser.add_argument("--task", default="embedded:polarity")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--extra", default="", help="more bert-finetune flags, one string")
+    parser.add_argument("--reuse", type=Path, help="an earlier --json: keep its rows (and baselines) except "
+                        "those of the sides named by --redo")
+    parser.add_argument("--redo", nargs="*", default=[], choices=["project", "hf_trainer"])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -51,14 +56,23 @@ def main() -> None:
                         if (m := SNAPSHOT.match(p.name))), key=lambda s: (s[0], s[1]))
     if not snapshots:
         raise SystemExit(f"no snapshots in {args.work / 'snapshots'}; run vs_hf_trainer.py --snapshot-minutes first")
+    earlier = json.loads(args.reuse.read_text()) if args.reuse else None
     rows = []
     for i, (side, minutes, path) in enumerate(snapshots):
+        kept = [r for r in (earlier or {}).get("rows", []) if r["side"] == side and r["minutes"] == minutes]
+        if kept and side not in args.redo:
+            rows.append({**kept[0], "reused_from": str(args.reuse)})
+            continue
         # the random-init baseline does not depend on the snapshot's weights: fine-tuned once
-        result = finetune(path, args.task, args.seeds, args.extra.split(), random_init=i == 0)
+        result = finetune(path, args.task, args.seeds, args.extra.split(), random_init=i == 0 and not earlier)
         rows.append({"side": side, "minutes": minutes, "pretraining": json.loads((path / "pretraining.json").read_text()),
                      "result": result})
+    if earlier:
+        baselines = earlier["baselines"]
+    else:
+        first = rows[0]["result"]
+        baselines = {"random_init": first["random_init"], "majority": first["majority"]}
     first = rows[0]["result"]
-    baselines = {"random_init": first["random_init"], "majority": first["majority"]}
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
     print(f"\n{args.task}, {first['metric']}, median of {len(args.seeds)} seeds (min–max); {machine}")
     print(f"{'pretraining':<28}{'median':>8}{'min':>8}{'max':>8}")

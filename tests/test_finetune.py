@@ -331,3 +331,29 @@ def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data
     steps = [json.loads(line)["step"] for line in (run / "downstream.jsonl").read_text().splitlines()]
     # while training: the newest checkpoint; after it: whatever it skipped, so the curve is whole
     assert sorted(steps) == [4, 8], text
+
+
+def test_a_bf16_runs_export_is_fine_tuned_in_fp32(tmp_path, run30):
+    """A bf16 run's export says float32 (its weights are saved in fp32), and a model whose config
+    still says bfloat16 is fine-tuned with fp32 weights: lr 5e-5 steps cannot move bf16 weights
+    (a 10-minute train.py model scored 55% where fp32 weights score ~78%, benchmarks/RESULTS.md)."""
+    import torch
+    from transformers import AutoModelForMaskedLM, BertForMaskedLM
+
+    from commodity_bert.export import export_hf_model
+    from commodity_bert.finetune import models
+    trained = BertForMaskedLM.from_pretrained(str(run30 / "hf_model"), dtype=torch.bfloat16)  # as DeepSpeed's bf16
+    assert trained.config.dtype == torch.bfloat16 and trained.dtype == torch.bfloat16
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(models.load(run30).tokenizer.convert_ids_to_tokens(
+        list(range(trained.config.vocab_size)))) + "\n")
+    export_hf_model(trained, vocab, True, tmp_path / "hf_model")
+    assert json.loads((tmp_path / "hf_model" / "config.json").read_text())["dtype"] == "float32"
+    assert AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf_model")).dtype == torch.float32
+    assert trained.config.dtype == torch.bfloat16  # the live model's config is left as it was
+    # an older export whose config says bfloat16
+    config = json.loads((tmp_path / "hf_model" / "config.json").read_text())
+    (tmp_path / "hf_model" / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    loaded = models.load(tmp_path / "hf_model")
+    assert all(v.dtype == torch.float32 for v in loaded.encoder_state.values())
+    assert {p.dtype for p in models.classifier(loaded, 2, random_init=False).parameters()} == {torch.float32}

@@ -60,8 +60,10 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
     try:
         config = BertConfig.from_pretrained(str(directory))
         # BertModel's loader strips a task model's prefix (bert.) and reports what it had to create
+        # dtype: fine-tuning keeps fp32 weights; a config saying bfloat16 (an export of a bf16
+        # run) would otherwise load bf16 weights, which lr 5e-5 updates cannot move
         encoder, info = BertModel.from_pretrained(str(directory), output_loading_info=True,
-                                                  attn_implementation="sdpa")
+                                                  attn_implementation="sdpa", dtype=torch.float32)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"{flag} {directory}: not a loadable BERT model ({str(exc).splitlines()[0]})") from exc
     fresh = set(info.get("missing_keys", []))
@@ -144,7 +146,8 @@ def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropo
     config = pretrained.config.__class__.from_dict({**settings, "hidden_dropout_prob": dropout,
                                                     "attention_probs_dropout_prob": dropout})
     config.num_labels = num_labels  # the setter rebuilds id2label; a from_dict key would lose to it
-    model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa")
+    # fp32 whatever dtype the source's config names (see _from_hf_directory); bf16 is autocast's job
+    model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     if not random_init:
         missing, unexpected = model.load_state_dict(pretrained.encoder_state, strict=False)
         assert not unexpected, unexpected  # the state was filtered to the encoder's names
