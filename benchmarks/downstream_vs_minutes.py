@@ -49,11 +49,12 @@ def main() -> None:
     parser.add_argument("--reuse", type=Path, help="an earlier --json: keep its rows (and baselines) except "
                         "those of the sides named by --redo")
     parser.add_argument("--redo", nargs="*", default=[], choices=["project", "hf_trainer"])
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--newest-first", action="store_true", help="fine-tune the longest-trained snapshots first")
+    parser.add_argument("--json", type=Path, help="written after every snapshot, so a cut-short run keeps its rows")
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     snapshots = sorted(((m.group(1), float(m.group(2)), p) for p in (args.work / "snapshots").iterdir()
-                        if (m := SNAPSHOT.match(p.name))), key=lambda s: (s[0], s[1]))
+                        if (m := SNAPSHOT.match(p.name))), key=lambda s: (s[0], -s[1] if args.newest_first else s[1]))
     if not snapshots:
         raise SystemExit(f"no snapshots in {args.work / 'snapshots'}; run vs_hf_trainer.py --snapshot-minutes first")
     earlier = json.loads(args.reuse.read_text()) if args.reuse else None
@@ -67,6 +68,10 @@ def main() -> None:
         result = finetune(path, args.task, args.seeds, args.extra.split(), random_init=i == 0 and not earlier)
         rows.append({"side": side, "minutes": minutes, "pretraining": json.loads((path / "pretraining.json").read_text()),
                      "result": result})
+        if args.json:
+            partial = {"task": args.task, "seeds": args.seeds, "rows": rows, "complete": False,
+                       "baselines": earlier["baselines"] if earlier else None}
+            args.json.write_text(json.dumps(partial, indent=1))
     if earlier:
         baselines = earlier["baselines"]
     else:
@@ -84,7 +89,7 @@ def main() -> None:
     print(f"{'random init':<28}{100 * ri['median']:>7.1f}%{100 * ri['min']:>7.1f}%{100 * ri['max']:>7.1f}%")
     print(f"{'majority':<28}{100 * baselines['majority']['value']:>7.1f}%")
     out = {"machine": machine, "task": args.task, "seeds": args.seeds, "work": str(args.work), "rows": rows,
-           "baselines": baselines}
+           "baselines": baselines, "complete": True}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     if args.plot:
