@@ -322,6 +322,7 @@ def main() -> None:
 
     # ---- the loop
     last_eval: dict = {}
+    stopped_by = "max steps"
     data_iter = iter(batches)
     engine.train()
     try:
@@ -354,6 +355,10 @@ def main() -> None:
             if decision.log:
                 row = book.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                current_loss_scale(engine.optimizer))
+                if isinstance(optimizer, OneBitLamb):
+                    row["onebit_frozen"] = optimizer.frozen
+                    if not optimizer.frozen:
+                        row["variance_change"] = optimizer.variance_change
                 if decision.evaluate:
                     last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
                     row.update(last_eval)
@@ -369,6 +374,7 @@ def main() -> None:
                 with book.unlogged():
                     save()
             if decision.stop in ("signal", "time budget"):
+                stopped_by = decision.stop
                 if rank == 0:
                     print(f"stopping at step {step}: {decision.stop}; checkpoint saved", flush=True)
                 break
@@ -385,7 +391,7 @@ def main() -> None:
     export()
     if rank == 0:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
-                   "trained_s": book.trained_s(), "world_size": world, "hosts": hosts,
+                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world, "hosts": hosts,
                    "params_identical_across_ranks": identical, **last_eval}
         tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
         tmp.write_text(json.dumps(summary, indent=1))

@@ -75,6 +75,8 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     if name == "onebitlamb" and stage >= 1:
         raise LaunchError(f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
                           f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+    if name == "onebitlamb":
+        check_freeze_step(block.get("params", {}))
     if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
         if stage >= 1:
             raise LaunchError(f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
@@ -88,6 +90,23 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     if config.get("fp16", {}).get("enabled") and config.get("bf16", {}).get("enabled"):
         raise LaunchError("fp16 and bf16 are both enabled in the DeepSpeed config; enable one")
     return resolve_batch_sizes(config, world_size)
+
+
+def check_freeze_step(params: dict) -> None:
+    freeze, cap = params.get("freeze_step", 100000), params.get("freeze_max_step")
+
+    def positive(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    if freeze == "auto":
+        if not positive(cap):
+            raise LaunchError('OneBitLamb "freeze_step": "auto" needs "freeze_max_step" (a positive step number, '
+                              'the latest step to freeze at), e.g. half of total_num_steps')
+    elif not positive(freeze):
+        raise LaunchError(f'OneBitLamb freeze_step {freeze!r}: give a positive step number or "auto"')
+    window = params.get("freeze_window", 10)
+    if not positive(window):
+        raise LaunchError(f"OneBitLamb freeze_window {window!r}: give a positive number of steps")
 
 
 def check_data_against_model(manifest: dict, model_config, data_dir: str) -> None:

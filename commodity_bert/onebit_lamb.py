@@ -11,12 +11,21 @@ frozen and the engine's gradient allreduce is switched off (`on_freeze`); from t
 updates its momentum from its local gradient and the momenta are averaged by the
 error-compensated 1-bit allreduce (1 bit per element instead of 16–32), with a fresh variance
 estimate from the reconstructed gradient to scale the frozen LAMB coefficient.
+
+When to freeze: `freeze_step` N, or "auto". Every `freeze_window` steps of warmup the optimizer
+measures how much the bias-corrected variance estimate v̂ moved since the last window,
+‖v̂_t − v̂_{t−W}‖ / ‖v̂_t‖ over all parameters (logged as `variance_change`). With "auto" it
+freezes at the first window whose change is below `freeze_threshold`, no earlier than
+`freeze_min_step` and at `freeze_max_step` at the latest. Frozen too early the variance still
+describes the start of training (on a short run the stage where the model predicts the most
+frequent token) and the compressed stage never leaves it: see benchmarks/RESULTS.md, study 1.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 from commodity_bert.onebit_allreduce import CompressedAllreduce
 from commodity_bert.precision import is_priming_step
@@ -25,14 +34,27 @@ from commodity_bert.precision import is_priming_step
 class OneBitLamb(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01,
-                 freeze_step: int = 100000, coeff_beta: float = 0.9, factor_max: float = 4.0,
-                 factor_min: float = 0.5, factor_threshold: float = 0.1, scale_block: int | None = 256):
+                 freeze_step: int | str = 100000, coeff_beta: float = 0.9, factor_max: float = 4.0,
+                 factor_min: float = 0.5, factor_threshold: float = 0.1, scale_block: int | None = 256,
+                 freeze_window: int = 10, freeze_threshold: float = 0.1, freeze_min_step: int = 0,
+                 freeze_max_step: int | None = None):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                     "max_coeff": max_coeff, "min_coeff": min_coeff, "coeff_beta": coeff_beta,
                     "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold,
                     "row_masked": False}
         super().__init__(params, defaults)
+        self.auto_freeze = freeze_step == "auto"
+        if self.auto_freeze:
+            if not freeze_max_step:
+                raise ValueError('"freeze_step": "auto" needs "freeze_max_step", the latest step to freeze at')
+            freeze_step = freeze_max_step
+        if not isinstance(freeze_step, int) or isinstance(freeze_step, bool) or freeze_step < 1:
+            raise ValueError(f'freeze_step must be a positive step number or "auto", not {freeze_step!r}')
         self.freeze_step = freeze_step
+        self.freeze_window = freeze_window
+        self.freeze_threshold = freeze_threshold
+        self.freeze_min_step = freeze_min_step
+        self.variance_change: float | None = None  # at the last window; None before the first
         self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (onebit_allreduce.py)
         self.step_count = 0
         self.compressor: CompressedAllreduce | None = None
@@ -67,9 +89,41 @@ class OneBitLamb(torch.optim.Optimizer):
         else:
             self._warmup_step()
         self.step_count += 1
+        if not self.frozen and self.step_count % self.freeze_window == 0:
+            self._measure_variance_change()
         if self.step_count == self.freeze_step:
             self._freeze()
         return loss
+
+    def _measure_variance_change(self) -> None:
+        """‖v̂_t − v̂_{t−W}‖ / ‖v̂_t‖, and with "auto" the decision to freeze now."""
+        moved, size, compared = 0.0, 0.0, False
+        for group, p in self._params():
+            state = self.state[p]
+            if not state:
+                continue
+            v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** self.step_count)
+            if "exp_avg_sq_window" in state:  # in the checkpoint too: a resumed run decides alike
+                moved += float((v_hat - state["exp_avg_sq_window"]).pow(2).sum())
+                state["exp_avg_sq_window"].copy_(v_hat)
+                compared = True
+            else:
+                state["exp_avg_sq_window"] = v_hat
+            size += float(v_hat.pow(2).sum())
+        self.variance_change = (moved / size) ** 0.5 if compared and size else None
+        if not (self.auto_freeze and self.variance_change is not None):
+            return
+        settle = self.variance_change < self.freeze_threshold and self.step_count >= self.freeze_min_step
+        if dist.is_initialized():  # the ranks' variances are equal; the decision must be, whatever happens
+            flag = torch.tensor([float(settle)], device=self.state[next(p for _, p in self._params())]["exp_avg"].device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            settle = bool(flag.item())
+        if settle and self.step_count < self.freeze_step:
+            self.freeze_step = self.step_count
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(f"1-bit LAMB: the variance has settled (relative change {self.variance_change:.3g} over the "
+                      f"last {self.freeze_window} steps, below {self.freeze_threshold}): freezing at step "
+                      f"{self.step_count}", flush=True)
 
     def _warmup_step(self) -> None:
         for group, p in self._params():
@@ -114,6 +168,7 @@ class OneBitLamb(torch.optim.Optimizer):
             # one scale per chunk of the 1-bit allreduce then fits every tensor
             state["momentum_scale"] = torch.where(m_rms > 0, mean_rms / m_rms, torch.ones_like(m_rms))
             state["exp_avg_sq_fresh"] = state["exp_avg_sq"].clone()
+            state.pop("exp_avg_sq_window", None)  # only the freeze decision needed it
         self._ensure_compressor()
         if self.on_freeze is not None:
             self.on_freeze()
@@ -163,7 +218,8 @@ class OneBitLamb(torch.optim.Optimizer):
     # the error buffers differ per rank and go to each rank's own file (rank_state_dict).
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["onebit"] = {"step_count": self.step_count}
+        state["onebit"] = {"step_count": self.step_count, "freeze_step": self.freeze_step,
+                           "variance_change": self.variance_change}
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -173,6 +229,8 @@ class OneBitLamb(torch.optim.Optimizer):
         if onebit is None:
             return
         self.step_count = onebit["step_count"]
+        self.freeze_step = onebit.get("freeze_step", self.freeze_step)  # "auto" decided it
+        self.variance_change = onebit.get("variance_change")
         if self.frozen and self.on_freeze is not None:
             self.on_freeze()
 

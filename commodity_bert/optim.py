@@ -12,7 +12,8 @@ PROJECT_OPTIMIZERS = {"lamb", "onebitlamb"}
 LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}
 # DeepSpeed's OneBitLamb parameter names
 ONEBIT_LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "freeze_step",
-                      "coeff_beta", "factor_max", "factor_min", "factor_threshold", "scale_block"}
+                      "coeff_beta", "factor_max", "factor_min", "factor_threshold", "scale_block",
+                      "freeze_window", "freeze_threshold", "freeze_min_step", "freeze_max_step"}
 
 
 class Lamb(torch.optim.Optimizer):

@@ -168,3 +168,71 @@ def test_frozen_coefficient_is_the_mean_trust_ratio_of_warmup(freeze_step):
         # the momentum still grows a little (no bias correction) and the factor starts within
         # ±factor_threshold of 1
         assert 0.8 * last_warmup < compressed < 1.25 * last_warmup, moved
+
+
+def _auto_freeze_worker(rank, world, port, results):
+    from commodity_bert.onebit_lamb import OneBitLamb
+    _join_gloo(rank, world, port)
+
+    def gradient(step, shape):
+        # the same on every rank (in warmup the engine has averaged them): large and shrinking
+        # for 30 steps, as when a model leaves its first plateau, then of one scale
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(shape, generator=g) * (1 + 20 * 0.8 ** step if step <= 30 else 1.0)
+
+    def train(optimizer, params, steps, first=1):
+        history = []
+        for step in range(first, first + steps):
+            for i, p in enumerate(params):
+                p.grad = gradient(step * 10 + i, p.shape)
+            was_frozen = optimizer.frozen
+            optimizer.step()
+            if not was_frozen and optimizer.step_count % optimizer.freeze_window == 0:
+                history.append((optimizer.step_count, optimizer.variance_change))
+        return history
+
+    def fresh(**kwargs):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(512))]
+        settings = {"lr": 1e-3, "freeze_step": "auto", "freeze_window": 5, "freeze_max_step": 120,
+                    "scale_block": 64, **kwargs}
+        return params, OneBitLamb(params, **settings)
+
+    params, optimizer = fresh(freeze_threshold=0.05)
+    history = train(optimizer, params, 80)
+    out = {"history": history, "freeze_step": optimizer.freeze_step}
+    # a run resumed from a checkpoint taken between two windows decides alike
+    params, optimizer = fresh(freeze_threshold=0.05)
+    train(optimizer, params, 17)
+    saved = optimizer.state_dict()
+    params2, resumed = fresh(freeze_threshold=0.05)
+    for p, q in zip(params2, params):
+        p.data.copy_(q.data)
+    resumed.load_state_dict(saved)
+    train(resumed, params2, 63, first=18)
+    out["resumed_freeze_step"] = resumed.freeze_step
+    # never settled below the threshold: the cap
+    params, optimizer = fresh(freeze_threshold=0.0, freeze_max_step=40)
+    train(optimizer, params, 45)
+    out["capped_freeze_step"] = optimizer.freeze_step
+    out["capped_frozen"] = optimizer.frozen
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def test_auto_freeze_waits_for_the_variance_to_settle():
+    """"freeze_step": "auto" freezes at the first window whose relative change of the
+    bias-corrected variance is below the threshold: not while the gradients' scale is still
+    moving, on every rank at the same step, alike after a resume, and at the cap at the latest."""
+    results = mp.Manager().dict()
+    mp.spawn(_auto_freeze_worker, args=(2, free_port(), results), nprocs=2)
+    assert results[0] == results[1]
+    out = results[0]
+    history = [(step, change) for step, change in out["history"] if change is not None]
+    assert history[0][0] == 10  # the first window has nothing to compare with
+    first_settled = next(step for step, change in history if change < 0.05)
+    assert out["freeze_step"] == first_settled
+    assert first_settled > 30, history  # not while the scale still shrinks
+    assert all(change >= 0.05 for step, change in history if step < first_settled)
+    assert out["resumed_freeze_step"] == out["freeze_step"]
+    assert out["capped_freeze_step"] == 40 and out["capped_frozen"]

@@ -1,0 +1,1 @@
+"""bert-ablate: DeepSpeed configs in, a comparison table and plots out (see cli.py)."""

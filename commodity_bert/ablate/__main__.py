@@ -1,0 +1,3 @@
+from commodity_bert.ablate.cli import main
+
+main()

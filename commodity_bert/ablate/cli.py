@@ -1,0 +1,353 @@
+"""bert-ablate: run DeepSpeed config variants one after another on the same data, seeds and
+budget, and compare them.
+
+    bert-ablate --configs A.json B.json --data DIR --model mini --ranks 2 --samples 19200 --out ABL
+    bert-ablate --base C.json --vary optimizer.params.lr=1e-3,5e-3 [--vary KEY=...] ... --out ABL
+
+Each variant becomes a complete config in ABL/configs/ (its lr schedule fitted to the budget)
+and each (variant, seed) one plain `train.py` run under the DeepSpeed launcher, listed in
+ABL/commands.sh, with its RUN directory in ABL/runs/VARIANT/seed_N. Running the command again
+skips finished runs and resumes interrupted ones from their checkpoints; a later command with
+other variants but the same data, model, ranks and budget adds them to the same comparison.
+A failing run is recorded with its error line and the others go on. Output: ABL/results.json,
+ABL/results.md, ABL/curves.png and, when bytes differ, ABL/bytes.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from commodity_bert.ablate import grid, report, runs
+from commodity_bert.launch_checks import LaunchError, resolve_batch_sizes
+
+# settings that must be the same for every run in one ABL directory, or the comparison is not one
+FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")
+
+
+class AblationError(Exception):
+    pass
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise AblationError(message)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = OneLineParser(prog="bert-ablate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_argument_group("the variants (one of)")
+    which.add_argument("--configs", type=Path, nargs="+", metavar="JSON", help="whole DeepSpeed configs, one variant each")
+    which.add_argument("--base", type=Path, metavar="JSON", help="a DeepSpeed config that --vary changes")
+    which.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2",
+                       help="a dotted key into the config and its values (JSON, or text such as auto; null "
+                            "removes the key); several --vary make the grid")
+    what = p.add_argument_group("the runs")
+    what.add_argument("--data", type=Path, required=True, help="shards of bert-data-prep")
+    what.add_argument("--model", required=True, help="tiny | mini | base | large | a BertConfig JSON")
+    where = what.add_mutually_exclusive_group()
+    where.add_argument("--ranks", type=int, default=1, help="ranks on this machine (deepspeed --num_gpus)")
+    where.add_argument("--hostfile", type=Path, help="a DeepSpeed hostfile (the RUN directories must be reachable "
+                                                     "by every host at the same path)")
+    budget = what.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--samples", type=int, help="train every run on this many samples")
+    budget.add_argument("--minutes", type=float, help="train every run this long (train.py --time-budget)")
+    what.add_argument("--seeds", type=int, nargs="+", default=[1])
+    what.add_argument("--eval-every", type=int, help="validate every N steps (default: 10 evaluations a run)")
+    what.add_argument("--log-every", type=int, help="a metrics row every N steps (default: about 30 a run, ≤ 10)")
+    what.add_argument("--save-every-minutes", type=float, default=5.0,
+                      help="checkpoint period: what an interruption can lose")
+    what.add_argument("--train-args", default="", help="more train.py flags for every run, e.g. \"--num-workers 1\"")
+    judge = p.add_argument_group("the comparison")
+    judge.add_argument("--target", type=float, help="validation MLM accuracy to reach (0.11 or 11 for 11%%): "
+                                                    "samples_to_target, seconds_to_target")
+    judge.add_argument("--downstream", metavar="TASK", help="fine-tune each finished run's model on TASK "
+                                                            "(bert-finetune --task, e.g. embedded:polarity)")
+    judge.add_argument("--downstream-args", default="--seeds 1 2 3",
+                       help="bert-finetune flags for --downstream (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="the ablation's directory, ABL")
+    p.add_argument("--dry-run", action="store_true", help="write the configs and commands.sh, run nothing")
+    p.add_argument("--report-only", action="store_true", help="rebuild results and plots from ABL's runs, run nothing")
+    args = p.parse_args(argv)
+    if bool(args.configs) == bool(args.base):
+        raise AblationError("give either --configs A.json B.json ... or --base C.json --vary KEY=V1,V2")
+    if args.configs and args.vary:
+        raise AblationError("--vary changes --base; with --configs every file is a variant as it is")
+    if args.base and not args.vary:
+        raise AblationError("--base needs at least one --vary KEY=V1,V2")
+    for name in ("ranks", "samples", "eval_every", "log_every"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise AblationError(f"--{name.replace('_', '-')} must be a positive integer, not {value}")
+    if args.minutes is not None and args.minutes <= 0:
+        raise AblationError(f"--minutes must be positive, not {args.minutes}")
+    if args.target is not None and args.target > 1:
+        args.target /= 100
+    return args
+
+
+def hostfile_slots(path: Path) -> int:
+    if not path.is_file():
+        raise AblationError(f"--hostfile {path} not found")
+    slots = 0
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        parts = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
+        if "slots" not in parts or not parts["slots"].isdigit():
+            raise AblationError(f"--hostfile {path}: {line!r} is not 'HOST slots=N'")
+        slots += int(parts["slots"])
+    if not slots:
+        raise AblationError(f"--hostfile {path} lists no hosts")
+    return slots
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class Ablation:
+    """ABL/ablation.json: the settings, every variant and every run this directory has seen."""
+
+    def __init__(self, out: Path, settings: dict):
+        self.out = out
+        self.path = out / "ablation.json"
+        self.state = {"settings": settings, "variants": {}, "runs": [], "failures": {}}
+        if self.path.exists():
+            try:
+                earlier = json.loads(self.path.read_text())
+            except json.JSONDecodeError as exc:
+                raise AblationError(f"{self.path} is not valid JSON ({exc}); repair or remove it") from exc
+            for key in FIXED:
+                if earlier["settings"].get(key) != settings.get(key):
+                    raise AblationError(
+                        f"{out} holds runs with {key} = {earlier['settings'].get(key)!r}, not {settings.get(key)!r}; "
+                        f"an ablation compares runs made alike: use another --out, or the same {key}")
+            self.state = {**earlier, "settings": {**earlier["settings"], **settings}}
+
+    def add_variant(self, variant: grid.Variant, config: dict, max_steps: int) -> Path:
+        config_path = self.out / "configs" / f"{variant.name}.json"
+        text = json.dumps(config, indent=2) + "\n"
+        if config_path.exists() and config_path.read_text() != text:
+            raise AblationError(f"{config_path} differs from the variant {variant.name} asked for now; its runs "
+                                f"were made with the old one: use another --out, or remove that file and "
+                                f"{self.out / 'runs' / variant.name}")
+        config_path.parent.mkdir(parents=True, exist_ok=True)
+        if not config_path.exists():
+            atomic_write(config_path, text)
+        self.state["variants"][variant.name] = {"config": str(config_path), "changes": variant.changes,
+                                                "source": variant.source, "max_steps": max_steps}
+        return config_path
+
+    def add_run(self, run: runs.Run) -> None:
+        known = {(r["variant"], r["seed"]) for r in self.state["runs"]}
+        if (run.variant, run.seed) not in known:
+            self.state["runs"].append({"variant": run.variant, "seed": run.seed})
+
+    def all_runs(self) -> list[runs.Run]:
+        out = []
+        for r in self.state["runs"]:
+            v = self.state["variants"][r["variant"]]
+            out.append(runs.Run(r["variant"], r["seed"], Path(v["config"]),
+                                self.out / "runs" / r["variant"] / f"seed_{r['seed']}", v["max_steps"]))
+        return out
+
+    def save(self) -> None:
+        atomic_write(self.path, json.dumps(self.state, indent=1) + "\n")
+
+
+def status_of(run: runs.Run, failures: dict) -> str:
+    if runs.is_finished(run):
+        return "finished"
+    if f"{run.variant}/{run.seed}" in failures:
+        return "failed"
+    if runs.has_checkpoint(run) or run.log_path.exists():
+        return "interrupted"
+    return "pending"
+
+
+def write_outputs(ablation: Ablation) -> None:
+    settings = ablation.state["settings"]
+    results = []
+    for run in ablation.all_runs():
+        status = status_of(run, ablation.state["failures"])
+        row = {"variant": run.variant, "config": str(run.config_path), "seed": run.seed, "status": status,
+               "run_dir": str(run.run_dir), "max_steps": run.max_steps,
+               **runs.figures(run, settings.get("target"))}
+        if status == "failed":
+            row["error"] = ablation.state["failures"][f"{run.variant}/{run.seed}"]
+        downstream = run.run_dir / "downstream.json"
+        if status == "finished" and downstream.exists():
+            row["downstream"] = {k: v for k, v in json.loads(downstream.read_text()).items()
+                                 if k in ("task", "metric", "median", "min", "max", "per_seed", "seconds")}
+        results.append(row)
+    atomic_write(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
+    atomic_write(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))
+    try:
+        report.plots(results, ablation.out)
+    except ImportError:
+        print("bert-ablate: matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+
+
+def write_commands(ablation: Ablation) -> None:
+    settings = ablation.state["settings"]
+    lines = ["#!/usr/bin/env bash",
+             f"# written by: {settings.get('argv', 'bert-ablate')}",
+             "# One training run per line, as bert-ablate runs them (it adds a free --master_port).",
+             "# bert-launch takes deepspeed's arguments and passes Ctrl-C or a preemption on to the ranks,",
+             "# which checkpoint; plain `deepspeed` in its place trains the same run.",
+             "set -e", f"cd {shlex.quote(str(runs.REPO))}"]
+    for run in ablation.all_runs():
+        cmd = runs.command(run, settings, port=0)
+        at = cmd.index("--master_port")
+        lines.append(shlex.join(cmd[:at] + cmd[at + 2:]))
+    path = ablation.out / "commands.sh"
+    atomic_write(path, "\n".join(lines) + "\n")
+    path.chmod(0o755)
+
+
+def run_downstream(run: runs.Run, task: str, extra: str) -> str | None:
+    """bert-finetune on the run's exported model; the error line if it fails."""
+    out = run.run_dir / "downstream.json"
+    finetune = Path(sys.executable).parent / "bert-finetune"
+    cmd = [str(finetune) if finetune.exists() else "bert-finetune", "--model", str(run.run_dir),
+           "--task", task, "--json", str(out), "--quiet", *shlex.split(extra)]
+    with open(run.run_dir / "downstream.log", "a") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode:
+        return runs.error_line((run.run_dir / "downstream.log").read_text())
+    return None
+
+
+def plan(args: argparse.Namespace) -> tuple[Ablation, list[runs.Run]]:
+    if not (args.data / "manifest.json").is_file():
+        raise AblationError(f"--data {args.data}: no manifest.json; make shards with bert-data-prep shards")
+    world = hostfile_slots(args.hostfile) if args.hostfile else args.ranks
+    variants = grid.from_configs(args.configs) if args.configs else grid.from_vary(args.base, args.vary)
+    settings = {"data": str(args.data.resolve()), "model": args.model,
+                "ranks": None if args.hostfile else args.ranks,
+                "hostfile": str(args.hostfile.resolve()) if args.hostfile else None, "world_size": world,
+                "samples": args.samples, "minutes": args.minutes, "target": args.target,
+                "save_every_minutes": args.save_every_minutes, "train_args": args.train_args,
+                "argv": shlex.join(["bert-ablate", *sys.argv[1:]])}
+    out = args.out.resolve()
+    ablation = Ablation(out, settings)
+    planned = []
+    for variant in variants:
+        try:
+            total_batch, _, _ = resolve_batch_sizes(variant.config, world)
+        except LaunchError as exc:
+            raise AblationError(f"variant {variant.name}: {exc}") from exc
+        if args.samples:
+            steps = math.ceil(args.samples / total_batch)
+            config = grid.fit_to_budget(variant.config, steps)
+        else:
+            steps = variant.config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+            if not steps:
+                raise AblationError(f"variant {variant.name}: --minutes needs total_num_steps in the config's "
+                                    f"scheduler (the step cap); or give --samples")
+            config = variant.config
+        config_path = ablation.add_variant(variant, config, steps)
+        for seed in args.seeds:
+            run = runs.Run(variant.name, seed, config_path, out / "runs" / variant.name / f"seed_{seed}", steps)
+            ablation.add_run(run)
+            planned.append(run)
+    longest = max(r.max_steps for r in planned)
+    settings["eval_every"] = args.eval_every or max(1, longest // 10)
+    settings["log_every"] = args.log_every or max(1, min(10, longest // 30))
+    return ablation, planned
+
+
+def main(argv=None) -> None:
+    try:
+        args = parse_args(argv)
+        ablation, planned = plan(args)
+    except (AblationError, grid.GridError) as exc:
+        print(f"bert-ablate: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    ablation.save()
+    write_commands(ablation)
+    out = ablation.out
+    print(f"{len(planned)} runs in {out} ({len({r.variant for r in planned})} variants × {len(args.seeds)} seeds); "
+          f"commands: {out / 'commands.sh'}", flush=True)
+    if args.dry_run or args.report_only:
+        if args.report_only:
+            write_outputs(ablation)
+            print(f"results: {out / 'results.md'}")
+        return
+
+    stop = {"asked": False}
+
+    def ask_stop(signum, frame):
+        stop["asked"] = True
+        print(f"\nbert-ablate: stopping ({signal.Signals(signum).name}): the current run checkpoints; "
+              f"run the same command again to go on", file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, ask_stop)
+    settings = ablation.state["settings"]
+    failed = 0
+    for i, run in enumerate(planned, 1):
+        head = f"[{i}/{len(planned)}] {run.variant} seed {run.seed}"
+        if runs.is_finished(run):
+            print(f"{head}: finished earlier, kept", flush=True)
+        else:
+            how = "resuming from its checkpoint" if runs.has_checkpoint(run) else "training"
+            print(f"{head}: {how}, {run.max_steps} steps; log {run.log_path}", flush=True)
+            cmd = runs.command(run, settings, runs.free_port())
+            started = time.time()
+            bar = tqdm(total=run.max_steps, desc=run.variant[:40], unit="step", disable=None, leave=False)
+
+            def progress(run=run, bar=bar):
+                done = [r["step"] for r in runs.read_rows(run)[-1:]]
+                if done and done[0] > bar.n:
+                    bar.update(done[0] - bar.n)
+                return stop["asked"]
+
+            code = runs.execute(cmd, run, progress)
+            bar.close()
+            key = f"{run.variant}/{run.seed}"
+            if runs.is_finished(run):
+                ablation.state["failures"].pop(key, None)
+                acc = (runs.summary(run) or {}).get("val_mlm_acc")
+                print(f"{head}: finished in {(time.time() - started) / 60:.1f} min"
+                      + (f", validation MLM accuracy {100 * acc:.2f}%" if acc is not None else ""), flush=True)
+            elif stop["asked"]:
+                print(f"{head}: interrupted (exit {code}); its checkpoint is kept", flush=True)
+            else:
+                failed += 1
+                line = runs.error_line(run.log_path.read_text()) if run.log_path.exists() else "no log"
+                ablation.state["failures"][key] = f"exit {code}: {line}"
+                print(f"{head}: FAILED (exit {code}): {line}", flush=True)
+            ablation.save()
+        if args.downstream and runs.is_finished(run) and not (run.run_dir / "downstream.json").exists() \
+                and not stop["asked"]:
+            print(f"{head}: fine-tuning on {args.downstream}", flush=True)
+            problem = run_downstream(run, args.downstream, args.downstream_args)
+            if problem:
+                print(f"{head}: downstream failed: {problem}", flush=True)
+        write_outputs(ablation)
+        if stop["asked"]:
+            print(f"stopped; results so far: {out / 'results.md'}", flush=True)
+            sys.exit(130)
+    write_outputs(ablation)
+    print((out / "results.md").read_text())
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}", flush=True)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
