@@ -4,6 +4,8 @@ by side in one process, on real text.
 - padded_baseline: HF `BertForPreTraining` (SDPA attention, HF's default) on batches padded to
   --seq-len, with HF's dense masked-LM loss (labels -100 on unmasked positions): what
   `run_mlm --pad_to_max_length` or NVIDIA's padded BERT compute.
+- padded_sparse_head: the same padded batches through HF's encoder, with the MLM head on the
+  masked positions only (gathered before the head), as Google's and NVIDIA's BERT do.
 - project: the model train.py runs (commodity_bert.model.PretrainingModel): stratified batches
   trimmed to their longest sample, real tokens only through every layer but attention, the
   MLM head on masked tokens only.
@@ -101,6 +103,32 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class PaddedSparseHead(torch.nn.Module):
+    """Google's and NVIDIA's BERT: the encoder on padded batches, the MLM head only on the
+    masked positions, gathered first (masked_lm_positions), instead of on every position."""
+
+    def __init__(self, hf_model: torch.nn.Module):
+        super().__init__()
+        self.hf = hf_model
+
+    def forward(self, input_ids, attention_mask, token_type_ids, masked_positions, masked_labels,
+                next_sentence_label=None):
+        encoder = self.hf.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        hidden = encoder.last_hidden_state.reshape(-1, encoder.last_hidden_state.shape[-1])[masked_positions]
+        predictions = self.hf.cls.predictions(hidden) if next_sentence_label is not None else self.hf.cls(hidden)
+        loss = torch.nn.functional.cross_entropy(predictions.float(), masked_labels)
+        if next_sentence_label is not None:
+            nsp = self.hf.cls.seq_relationship(encoder.pooler_output)
+            loss = loss + torch.nn.functional.cross_entropy(nsp.float(), next_sentence_label)
+        return loss
+
+
+def padded_sparse_batch(batch: dict, seq_len: int, nsp: bool) -> dict:
+    padded = padded_batch(batch, seq_len, nsp)
+    labels = padded.pop("labels").reshape(-1)
+    positions = (labels != -100).nonzero().squeeze(1)  # made before timing, as the shards store them
+    return {**padded, "masked_positions": positions, "masked_labels": labels[positions]}
+
 class TrainingPath:
     """One way of training: a model, its batches on the device, and its step function."""
 
@@ -116,7 +144,10 @@ class TrainingPath:
     def loss(self, batch: dict) -> torch.Tensor:
         if self.name.startswith("project"):
             return self.model(batch)[0]
+        if self.name == "padded_sparse_head":
+            return self.model(**batch)
         return self.model(**batch).loss
+
 
     def run(self) -> float:
         """Seconds for one pass over the batches, one optimizer step per batch."""
@@ -144,7 +175,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds; figures are medians over them")
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
     parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
-    parser.add_argument("--paths", nargs="+", choices=["padded_baseline", "project", "project_compiled"],
+    parser.add_argument("--paths", nargs="+",
+                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled"],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
     parser.add_argument("--json", help="write the rows here")
@@ -176,6 +208,8 @@ def main() -> None:
     plan = {  # tokens through the encoder's layers, query-key pairs scored, FLOPs executed
         "padded_baseline": {"computed": padded_tokens, "pairs": pairs_padded,
                             "executed": training_flops(config, padded_tokens, pairs_padded, padded_tokens)},
+        "padded_sparse_head": {"computed": padded_tokens, "pairs": pairs_padded,
+                               "executed": training_flops(config, padded_tokens, pairs_padded, masked)},
         "project": {"computed": real_tokens, "pairs": pairs_trimmed,
                     "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
     }
@@ -184,11 +218,15 @@ def main() -> None:
     paths = []
     base_model = build_model(config, nsp=manifest["nsp"])
     for name in args.paths:
-        if name == "padded_baseline":
+        if name.startswith("padded"):
             hf = type(base_model)._from_config(copy.deepcopy(config), attn_implementation="sdpa")
             hf.load_state_dict(base_model.state_dict())
-            paths.append(TrainingPath(name, hf, [padded_batch(b, args.seq_len, manifest['nsp']) for b in batches], device, precision,
-                               plan[name]["executed"]))
+            if name == "padded_sparse_head":
+                model, inputs = PaddedSparseHead(hf), [padded_sparse_batch(b, args.seq_len, manifest["nsp"])
+                                                       for b in batches]
+            else:
+                model, inputs = hf, [padded_batch(b, args.seq_len, manifest["nsp"]) for b in batches]
+            paths.append(TrainingPath(name, model, inputs, device, precision, plan[name]["executed"]))
         else:
             model = PretrainingModel(copy.deepcopy(base_model))
             if name == "project_compiled":
@@ -230,7 +268,7 @@ def main() -> None:
               f"{r['attention_pairs_over_real']:>15.3f} {r['tflops']:>8.3f} {r['executed_tflops']:>8.3f} "
               f"{r['mfu']:>6.1%} {r['step_s_median']:>7.3f}")
     by_name = {r["path"]: r for r in rows}
-    for name in ("project", "project_compiled"):
+    for name in ("padded_sparse_head", "project", "project_compiled"):
         if name in by_name and "padded_baseline" in by_name:
             print(f"{name} / padded_baseline, real tokens/s: "
                   f"{by_name[name]['tokens_per_s'] / by_name['padded_baseline']['tokens_per_s']:.2f}x")

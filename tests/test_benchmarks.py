@@ -17,10 +17,11 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, "benchmarks/throughput.py", "--device", "cpu", "--model", "tiny",
                            "--data", str(train_data), "--micro-batch", "32", "--steps", "2", "--repeats", "1",
+                           "--paths", "padded_baseline", "padded_sparse_head", "project",
                            "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["path"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"padded_baseline", "project"}
+    assert set(rows) == {"padded_baseline", "padded_sparse_head", "project"}
     for row in rows.values():
         assert row["seq_per_s"] > 0 and 0 < row["mfu"] < 1 and row["peak_tflops"] > 0
     # the baseline computes every padded position: its ratio is seq_len / mean real length
@@ -29,10 +30,28 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
     # (stratified batches: every batch has the data set's mix of lengths)
     assert rows["padded_baseline"]["computed_over_real"] > 1.0
     assert abs(rows["padded_baseline"]["computed_over_real"] - 64 / lengths.mean()) < 0.05
+    assert rows["padded_sparse_head"]["computed_over_real"] == rows["padded_baseline"]["computed_over_real"]
+    assert rows["padded_sparse_head"]["executed_tflops"] / rows["padded_sparse_head"]["tflops"] < \
+        rows["padded_baseline"]["executed_tflops"] / rows["padded_baseline"]["tflops"]  # no head on unmasked tokens
     assert rows["project"]["computed_over_real"] == 1.0
-    # same samples: same real tokens per sequence for both paths
+    # same samples: same real tokens per sequence for every path
     per_seq = [r["tokens_per_s"] / r["seq_per_s"] for r in rows.values()]
-    assert abs(per_seq[0] - per_seq[1]) < 1e-6 * per_seq[0]
+    assert max(per_seq) - min(per_seq) < 1e-6 * per_seq[0]
+
+    # the sparse-head baseline computes HF's loss: the same number from the same weights and batch
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import torch
+    from throughput import PaddedSparseHead, padded_batch, padded_sparse_batch, project_batches
+
+    from commodity_bert.model import build_config, build_model
+    manifest = fmt.load_manifest(train_data)
+    batch = project_batches(train_data, 8, 1)[0]
+    torch.manual_seed(0)
+    hf = type(build_model(build_config("tiny", manifest["vocab"]["size"]), nsp=manifest["nsp"]))._from_config(
+        build_config("tiny", manifest["vocab"]["size"]), attn_implementation="sdpa").eval()
+    dense = hf(**padded_batch(batch, 64, manifest["nsp"])).loss
+    sparse = PaddedSparseHead(hf)(**padded_sparse_batch(batch, 64, manifest["nsp"]))
+    assert torch.allclose(dense, sparse, atol=1e-5), (dense, sparse)
 
 
 def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small):

@@ -100,7 +100,7 @@ def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
 def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     run = tmp_path / "run"
     command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",
-               *train_args(data, run, 40, "--save-every", 4)]
+               *train_args(data, run, 24, "--save-every", 4)]
     launcher = subprocess.Popen(command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     latest = run / "checkpoints" / "latest"
@@ -123,7 +123,7 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     check(proc, "relaunch")
     assert f"resuming from {run / 'checkpoints' / f'step_{saved:08d}'} at step {saved}" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["step"] == 40 and summary["hosts"] == ["node1", "node2"]
+    assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
 
 
 def tx_bytes_reader(cluster, host: int):
@@ -148,7 +148,7 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
     launched on its own (--no_ssh), so no launcher traffic crosses the link; node1's counter is read
     as each metrics row appears, when the step's collectives are done and the next step's are still a
     forward and backward away."""
-    run, steps = tmp_path / "run", 12
+    run, steps = tmp_path / "run", 8
     args = ["--deepspeed_config", str(REPO / "ds_configs" / config), "--data", str(data), "--model", "tiny",
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "1"]
