@@ -31,15 +31,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+VARIANTS = REPO / "benchmarks" / "studies" / "onebit_freeze"  # the accuracy study's configs
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
-from onebit_vs_lamb import variant_configs
-
 from tools.netns_cluster import Cluster, unavailable_reason
 
 
 def variant_config(variant: str, micro_batch: int, steps: int, freeze_step: int) -> dict:
-    """The accuracy benchmark's variant, with this benchmark's micro-batch and freeze step."""
-    config = variant_configs(10 * steps, lr=0.005)[variant]  # long schedule: lr stays near its peak
+    """The accuracy study's variant (fp32 here), with this benchmark's micro-batch and freeze step."""
+    config = json.loads((VARIANTS / f"{variant}.json").read_text())
+    config.pop("bf16", None)
+    config["scheduler"]["params"]["total_num_steps"] = 10 * steps  # long schedule: lr stays near its peak
     config["train_micro_batch_size_per_gpu"] = micro_batch
     config["scheduler"]["params"]["warmup_num_steps"] = steps
     if variant == "onebit_lamb":
