@@ -4,6 +4,7 @@ bucket-wise clipping, ZeRO-1 and ZeRO-2 AdamW, gradient accumulation, dynamic ma
 a checkpoint directory, exact resume; each asserts numbers against an fp32 run or a reference
 computed here. The fp16-only logic (loss scaling) is tested in test_precision.py."""
 import json
+import shutil
 
 import pytest
 import torch
@@ -205,12 +206,15 @@ def test_zero2_bf16_shipped_config_resumes_bit_for_bit(tmp_path, train_data):
     common = ["--deepspeed_config", CONFIGS / "cpu_tiny_adamw_zero2_bf16.json", "--model", "tiny", "--data",
               train_data, "--log-every", 1, "--num-workers", 1]
     whole, pieces = tmp_path / "whole", tmp_path / "pieces"
-    train(2, *common, "--output-dir", whole, "--max-steps", 8)
-    train(2, *common, "--output-dir", pieces, "--max-steps", 6, "--save-every", 3)
-    (pieces / "checkpoints" / "latest").write_text("step_00000003")  # the crash lost step 6's checkpoint
+    train(2, *common, "--output-dir", whole, "--max-steps", 8, "--save-every", 3)
+    # the crash lost everything after step 3's checkpoint (step 6's included)
+    (pieces / "checkpoints").mkdir(parents=True)
+    shutil.copytree(whole / "checkpoints" / "step_00000003", pieces / "checkpoints" / "step_00000003")
+    (pieces / "checkpoints" / "latest").write_text("step_00000003")
     train(2, *common, "--output-dir", pieces, "--max-steps", 8)
     keys = ("step", "loss", "mlm_acc", "grad_norm")
-    assert [[r[k] for k in keys] for r in rows(pieces)] == [[r[k] for k in keys] for r in rows(whole)]
+    assert [r["step"] for r in rows(pieces)] == [4, 5, 6, 7, 8]
+    assert [[r[k] for k in keys] for r in rows(pieces)] == [[r[k] for k in keys] for r in rows(whole)][3:]
 
 
 # ---- --init-from a checkpoint directory, in bf16
