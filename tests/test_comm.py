@@ -236,3 +236,18 @@ def test_auto_freeze_waits_for_the_variance_to_settle():
     assert all(change >= 0.05 for step, change in history if step < first_settled)
     assert out["resumed_freeze_step"] == out["freeze_step"]
     assert out["capped_freeze_step"] == 40 and out["capped_frozen"]
+
+
+@pytest.mark.parametrize("params, problem", [
+    ({"freeze_step": "auto"}, "freeze_max_step"),
+    ({"freeze_step": "soon"}, "positive step number"),
+    ({"freeze_step": 0}, "positive step number"),
+    ({"freeze_step": "auto", "freeze_max_step": 100, "freeze_window": 0}, "freeze_window"),
+])
+def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
+    from commodity_bert.launch_checks import LaunchError, check_deepspeed_config
+    config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "OneBitLamb", "params": params}}
+    with pytest.raises(LaunchError, match=problem):
+        check_deepspeed_config(config, 2)
+    check_deepspeed_config({**config, "optimizer": {"type": "OneBitLamb", "params": {
+        "freeze_step": "auto", "freeze_max_step": 100}}}, 2)
