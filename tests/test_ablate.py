@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, rows
 
 from commodity_bert.ablate import grid
+from commodity_bert.ablate.cli import hold_lock
 from commodity_bert.ablate.cli import main as ablate_main
 
 BERT_ABLATE = [sys.executable, "-m", "commodity_bert.ablate"]
@@ -153,3 +154,6 @@ def test_grid_and_bad_input(tmp_path, train_data, capsys):
     base.write_text(json.dumps(changed))
     assert "differs" in refused("--base", base, "--vary", "optimizer.params.lr=0.1", *common)
     assert (tmp_path / "ABL" / "commands.sh").exists()
+    held = hold_lock(tmp_path / "ABL")  # as a running bert-ablate holds it
+    assert "another bert-ablate" in refused("--base", base, "--vary", "optimizer.params.lr=0.1", *common)
+    held.close()

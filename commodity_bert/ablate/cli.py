@@ -15,6 +15,7 @@ ABL/results.md, ABL/curves.png and, when bytes differ, ABL/bytes.png.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import shlex
@@ -217,6 +218,17 @@ def write_commands(ablation: Ablation) -> None:
     path.chmod(0o755)
 
 
+def hold_lock(out: Path):
+    """One bert-ablate per ABL directory: two would write its records over each other."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / ".lock", "a+")  # noqa: SIM115 - closed when the process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        raise AblationError(f"another bert-ablate is running in {out}; wait for it, or use another --out") from exc
+    return lock
+
+
 def run_downstream(run: runs.Run, task: str, extra: str) -> str | None:
     """bert-finetune on the run's exported model; the error line if it fails."""
     out = run.run_dir / "downstream.json"
@@ -274,13 +286,25 @@ def plan(args: argparse.Namespace) -> tuple[Ablation, list[runs.Run]]:
 def main(argv=None) -> None:
     try:
         args = parse_args(argv)
+        lock = hold_lock(args.out)
+    except AblationError as exc:
+        print(f"bert-ablate: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run_ablation(args)
+    finally:
+        lock.close()
+
+
+def run_ablation(args: argparse.Namespace) -> None:
+    try:
         ablation, planned = plan(args)
     except (AblationError, grid.GridError) as exc:
         print(f"bert-ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)
+    out = ablation.out
     ablation.save()
     write_commands(ablation)
-    out = ablation.out
     print(f"{len(planned)} runs in {out} ({len({r.variant for r in planned})} variants × {len(args.seeds)} seeds); "
           f"commands: {out / 'commands.sh'}", flush=True)
     if args.dry_run or args.report_only:
