@@ -20,5 +20,5 @@ for MODEL in mini tiny; do
             --train-args=--num-workers=1 --out $WORK/freeze_$MODEL"
     $PY -m commodity_bert.ablate --configs $S/lamb.json $COMMON
     $PY -m commodity_bert.ablate --base $S/onebit_lamb.json --vary optimizer.params.freeze_step=30,60,90,150 $COMMON
-    $PY -m commodity_bert.ablate --base $S/onebit_lamb_auto.json --vary optimizer.params.freeze_threshold=THRESHOLDS $COMMON
+    $PY -m commodity_bert.ablate --base $S/onebit_lamb_auto.json --vary optimizer.params.freeze_threshold=0.08 $COMMON
 done
