@@ -50,6 +50,16 @@ def variant_config(variant: str, micro_batch: int, steps: int, freeze_step: int)
     return config
 
 
+def prepare_data(work: Path) -> Path:
+    """Seq-128 shards of the embedded corpus in WORK/seq128, made once and reused."""
+    data = work / "seq128"
+    if not (data / "manifest.json").exists():
+        subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
+                        "--dupe-factor", "1", "--num-shards", "8", "--val-fraction", "0.01", "--output", str(data)],
+                       cwd=REPO, check=True)
+    return data
+
+
 def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) -> dict:
     config_path = work / f"{variant}.json"
     config_path.write_text(json.dumps(variant_config(variant, args.micro_batch, args.steps, args.freeze_step)))
@@ -57,7 +67,7 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) ->
     cmd = [*cluster.exec_prefix(0), str(Path(sys.executable).parent / "deepspeed"), "--hostfile",
            str(cluster.hostfile), "--master_port", "29700", "train.py", "--deepspeed_config", str(config_path),
            "--data", str(data), "--model", args.model, "--output-dir", str(run), "--max-steps", str(args.steps),
-           "--log-every", "1", "--eval-every", "0", "--save-every", "0", "--save-every-minutes", "0",
+           "--log-every", str(getattr(args, "log_every", 1)), "--eval-every", "0", "--save-every", "0", "--save-every-minutes", "0",
            "--num-workers", "1", "--resume", "none", "--dist-timeout-minutes", "5"]
     log = open(work / f"{run.name}.log", "w")  # noqa: SIM115 - the launcher writes to it while we poll
     proc = subprocess.Popen(cmd, cwd=REPO, env=cluster.env, stdout=log, stderr=subprocess.STDOUT)
@@ -74,15 +84,17 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) ->
         raise SystemExit(f"{variant} on {len(cluster.hosts)} hosts failed; see {log.name}")
     rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
     first = args.freeze_step + 2 if variant == "onebit_lamb" else 3  # steady state: after the freeze
-    steady = [s for s in sorted(rows) if s >= first and s - 1 in samples and s in samples]
+    logged = sorted(rows)
+    # each row covers the steps since the one before (--log-every); steady: wholly at or after `first`
+    windows = [(prev, s) for prev, s in zip(logged, logged[1:]) if prev + 1 >= first and prev in samples and s in samples]
     total_batch = args.micro_batch * len(cluster.hosts)
     return {
         "variant": variant, "hosts": len(cluster.hosts), "link": args.current_rate,
-        "step_s": statistics.median(total_batch / rows[s]["seq_per_s"] for s in steady),
-        "seq_per_s": statistics.median(rows[s]["seq_per_s"] for s in steady),
-        "bytes_metrics": statistics.median(rows[s]["bytes_sent"] for s in steady),
-        "bytes_interface": statistics.median(samples[s] - samples[s - 1] for s in steady),
-        "steady_steps": len(steady),
+        "step_s": statistics.median(total_batch / rows[s]["seq_per_s"] for _, s in windows),
+        "seq_per_s": statistics.median(rows[s]["seq_per_s"] for _, s in windows),
+        "bytes_metrics": statistics.median(rows[s]["bytes_sent"] for _, s in windows),
+        "bytes_interface": statistics.median((samples[s] - samples[prev]) / (s - prev) for prev, s in windows),
+        "steady_steps": sum(s - prev for prev, s in windows),
     }
 
 
@@ -152,11 +164,7 @@ def main() -> None:
     if reason:
         raise SystemExit(f"slow_network.py: {reason}")
     work = Path(args.work or tempfile.mkdtemp(prefix="slow_network_")).resolve()
-    data = work / "seq128"
-    if not (data / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
-                        "--dupe-factor", "1", "--num-shards", "8", "--val-fraction", "0.01", "--output", str(data)],
-                       cwd=REPO, check=True)
+    data = prepare_data(work)
     results = []
     for rate in args.rates:
         for hosts in args.hosts:

@@ -12,18 +12,19 @@ class LaunchError(Exception):
     pass
 
 
-def load_deepspeed_config(path: str | None) -> dict:
+def load_deepspeed_config(path: str | None, flag: str = "--deepspeed_config") -> dict:
+    """The JSON object in `path`, or a LaunchError that names `flag` (the option that gave it)."""
     if not path:
-        raise LaunchError("--deepspeed_config is required: a DeepSpeed JSON config, e.g. ds_configs/cpu_tiny_lamb.json")
+        raise LaunchError(f"{flag} is required: a DeepSpeed JSON config, e.g. ds_configs/cpu_tiny_lamb.json")
     p = Path(path)
     if not p.is_file():
-        raise LaunchError(f"--deepspeed_config {path} not found; see ds_configs/ for the shipped configs")
+        raise LaunchError(f"{flag} {path} not found; see ds_configs/ for the shipped configs")
     try:
         config = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LaunchError(f"--deepspeed_config {path} is not valid JSON ({exc})") from exc
+        raise LaunchError(f"{flag} {path} is not valid JSON ({exc})") from exc
     if not isinstance(config, dict):
-        raise LaunchError(f"--deepspeed_config {path} must hold a JSON object")
+        raise LaunchError(f"{flag} {path} must hold a JSON object")
     return config
 
 

@@ -97,20 +97,21 @@ class OneBitLamb(torch.optim.Optimizer):
 
     def _measure_variance_change(self) -> None:
         """‖v̂_t − v̂_{t−W}‖ / ‖v̂_t‖, and with "auto" the decision to freeze now."""
-        moved, size, compared = 0.0, 0.0, False
+        moved, size, compared = [], [], False  # summed on the device, read once: one host sync
         for group, p in self._params():
             state = self.state[p]
             if not state:
                 continue
             v_hat = state["exp_avg_sq"] / (1 - group["betas"][1] ** self.step_count)
             if "exp_avg_sq_window" in state:  # in the checkpoint too: a resumed run decides alike
-                moved += float((v_hat - state["exp_avg_sq_window"]).pow(2).sum())
+                moved.append((v_hat - state["exp_avg_sq_window"]).pow(2).sum())
                 state["exp_avg_sq_window"].copy_(v_hat)
                 compared = True
             else:
                 state["exp_avg_sq_window"] = v_hat
-            size += float(v_hat.pow(2).sum())
-        self.variance_change = (moved / size) ** 0.5 if compared and size else None
+            size.append(v_hat.pow(2).sum())
+        total = float(torch.stack(size).sum()) if size else 0.0
+        self.variance_change = (float(torch.stack(moved).sum()) / total) ** 0.5 if compared and total else None
         if not (self.auto_freeze and self.variance_change is not None):
             return
         settle = self.variance_change < self.freeze_threshold and self.step_count >= self.freeze_min_step

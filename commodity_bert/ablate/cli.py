@@ -336,9 +336,9 @@ def run_ablation(args: argparse.Namespace) -> None:
             bar = tqdm(total=run.max_steps, desc=run.variant[:40], unit="step", disable=None, leave=False)
 
             def progress(run=run, bar=bar):
-                done = [r["step"] for r in runs.read_rows(run)[-1:]]
-                if done and done[0] > bar.n:
-                    bar.update(done[0] - bar.n)
+                step = runs.last_step(run)
+                if step > bar.n:
+                    bar.update(step - bar.n)
                 return stop["asked"]
 
             code = runs.execute(cmd, run, progress)

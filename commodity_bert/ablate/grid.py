@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commodity_bert.launch_checks import LaunchError, load_deepspeed_config
+
 
 class GridError(Exception):
     pass
@@ -23,16 +25,11 @@ class Variant:
     source: str = ""  # the file it came from
 
 
-def load_config(path: Path) -> dict:
-    if not path.is_file():
-        raise GridError(f"config {path} not found")
+def load_config(path: Path, flag: str) -> dict:
     try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GridError(f"config {path} is not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise GridError(f"config {path} must hold a JSON object")
-    return config
+        return load_deepspeed_config(str(path), flag)
+    except LaunchError as exc:
+        raise GridError(str(exc)) from exc
 
 
 def split_values(text: str) -> list[str]:
@@ -111,7 +108,7 @@ def safe_name(text: str) -> str:
 
 
 def from_configs(paths: list[Path]) -> list[Variant]:
-    variants = [Variant(safe_name(p.stem), load_config(p), source=str(p)) for p in paths]
+    variants = [Variant(safe_name(p.stem), load_config(p, "--configs"), source=str(p)) for p in paths]
     names = [v.name for v in variants]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -123,7 +120,7 @@ LR_KEY, SCHEDULED_LR_KEY = "optimizer.params.lr", "scheduler.params.warmup_max_l
 
 
 def from_vary(base_path: Path, specs: list[str]) -> list[Variant]:
-    base = load_config(base_path)
+    base = load_config(base_path, "--base")
     axes = [parse_vary(spec) for spec in specs]
     keys = [k for k, _ in axes]
     if len(set(keys)) != len(keys):

@@ -115,6 +115,17 @@ def read_rows(run: Run) -> list[dict]:
     return rows
 
 
+def last_step(run: Run) -> int:
+    """The step of metrics.jsonl's last row, from the file's tail (a progress bar polls it)."""
+    path = run.run_dir / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 4096))
+            return json.loads(f.read().decode(errors="ignore").strip().splitlines()[-1])["step"]
+    except (OSError, IndexError, KeyError, json.JSONDecodeError):
+        return 0
+
+
 def figures(run: Run, target: float | None) -> dict:
     """What the ablation compares, from the run's own files."""
     rows = read_rows(run)

@@ -1,0 +1,94 @@
+"""BERT-large on 16–256 commodity GPUs over 1, 10 and 25 Gbit/s Ethernet, LAMB against 1-bit
+LAMB, on paper: `bert-plan estimate` by hand (no GPU was measured), one run per link and
+freeze assumption, summarised in one table.
+
+    python benchmarks/plan_on_paper.py [--gpu-tflops 125] [--mfu 0.35] [--gpus-per-node 4]
+        [--json OUT] [--markdown OUT.md]
+
+Two freeze assumptions for 1-bit LAMB's phase 1: the shipped config's "auto" rule counted at
+its latest step (3,519 of 7,038), and DeepSpeed's tuned BERT-large setting, step 1,000 (phase 2
+keeps its shipped 312 of 1,563 in both). And with and without train.py's logged gradient norm
+(every 50 steps, as the recipes log), which costs an fp32 allreduce once 1-bit LAMB has frozen.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "ds_configs"
+
+
+def estimate(args, link: str, optimizer: str, config: Path, seq_len: int, extra: list[str]) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        subprocess.run([sys.executable, "-m", "commodity_bert.plan", "estimate", "--gpu-tflops", str(args.gpu_tflops),
+                        "--mfu", str(args.mfu), "--link", link, "--nodes", args.nodes, "--gpus-per-node",
+                        str(args.gpus_per_node), "--model", "large", "--config", str(config), "--seq-len", str(seq_len),
+                        "--optimizer", optimizer, "--usd-per-gpu-hour", str(args.usd_per_gpu_hour), "--json", str(out),
+                        *extra], check=True, cwd=REPO, capture_output=True, text=True)
+        return json.loads(out.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu-tflops", type=float, default=125.0, help="V100's fp16 tensor-core peak")
+    parser.add_argument("--mfu", type=float, default=0.35)
+    parser.add_argument("--gpus-per-node", type=int, default=4)
+    parser.add_argument("--nodes", default="4,8,16,64")
+    parser.add_argument("--links", nargs="+", default=["1gbit", "10gbit", "25gbit"])
+    parser.add_argument("--usd-per-gpu-hour", type=float, default=2.0)
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    cases = {"auto (counted at 3,519)": [], "1,000 (DeepSpeed's)": ["--freeze-step", "1000"]}
+    rows = []
+    for link in args.links:
+        for log_every in (50, 0):
+            lamb = [estimate(args, link, "lamb", CONFIGS / f"bert_large_{p}_lamb_fp16.json", s,
+                             ["--log-every", str(log_every)]) for p, s in (("phase1", 128), ("phase2", 512))]
+            for freeze, extra in cases.items():
+                onebit = [estimate(args, link, "onebit_lamb", CONFIGS / "bert_large_phase1_onebit_lamb_fp16.json", 128,
+                                   [*extra, "--log-every", str(log_every)]),
+                          estimate(args, link, "onebit_lamb", CONFIGS / "bert_large_phase2_onebit_lamb_fp16.json", 512,
+                                   ["--log-every", str(log_every)])]
+                for i, (l1, o1) in enumerate(zip(lamb[0], onebit[0])):
+                    l2, o2 = lamb[1][i], onebit[1][i]
+                    lamb_s = l1["days"] + l2["days"]
+                    onebit_s = o1["days"] + o2["days"]
+                    rows.append({
+                        "link": link, "gpus": l1["gpus"], "nodes": l1["nodes"], "freeze": freeze,
+                        "log_every": log_every, "lamb_days": lamb_s, "onebit_days": onebit_s,
+                        "speedup": lamb_s / onebit_s, "lamb_efficiency": l1["efficiency"],
+                        "onebit_efficiency": o1["efficiency"],
+                        "lamb_step_s_phase1": l1["step_s"], "lamb_comm_s_phase1": l1["comm_s"],
+                        "onebit_compressed_step_s_phase1": o1["phases"][0]["stages"]["compressed"]["step_s"],
+                        "volume_ratio_phase1": l1["bytes_per_rank"] / o1["bytes_per_rank"],
+                        "volume_ratio_recipe": (l1["bytes_per_rank"] + l2["bytes_per_rank"])
+                        / (o1["bytes_per_rank"] + o2["bytes_per_rank"]),
+                        "lamb_usd": l1["usd"] + l2["usd"], "onebit_usd": o1["usd"] + o2["usd"],
+                        "rows": {"lamb": [l1, l2], "onebit_lamb": [o1, o2]}})
+    lines = ["| link | GPUs | 1-bit freeze (phase 1) | grad-norm logging | LAMB days | 1-bit LAMB days | end-to-end speed-up "
+             "| LAMB phase-1 step s (comm) | 1-bit compressed step s | volume ÷, phase 1 | volume ÷, recipe |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['link']} | {r['gpus']} | {r['freeze']} | {'every 50' if r['log_every'] else 'off'} | "
+                     f"{r['lamb_days']:.2f} | {r['onebit_days']:.2f} | {r['speedup']:.2f}× | "
+                     f"{r['lamb_step_s_phase1']:.2f} ({r['lamb_comm_s_phase1']:.2f}) | "
+                     f"{r['onebit_compressed_step_s_phase1']:.2f} | {r['volume_ratio_phase1']:.2f}× | "
+                     f"{r['volume_ratio_recipe']:.2f}× |")
+    table = "\n".join(lines)
+    print(f"BERT-large recipe, {args.gpus_per_node} GPUs per node at {args.gpu_tflops:g} TFLOP/s × MFU {args.mfu:g}\n")
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

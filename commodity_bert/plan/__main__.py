@@ -1,0 +1,5 @@
+import sys
+
+from commodity_bert.plan.cli import main
+
+sys.exit(main())

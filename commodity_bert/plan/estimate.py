@@ -1,0 +1,193 @@
+"""`bert-plan estimate`: the step-time model (step_model.py) fed from a preflight profile or
+from figures given by hand, over the shipped recipe's phases or one config."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from commodity_bert.plan.step_model import (
+    GBIT,
+    OPTIMIZERS,
+    Network,
+    PlanError,
+    Workload,
+    parse_rate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+DS_CONFIGS = REPO / "ds_configs"
+RECIPE_SEQ_LEN = {"phase1": 128, "phase2": 512}
+BERT_VOCAB = 30522
+DEFAULT_MFU = 0.35  # by hand only: a share of the matmul peak that BERT training reaches (assumed)
+
+
+@dataclass
+class Compute:
+    """How fast one GPU trains: a FLOP rate for forward + backward, and the optimizer's and the
+    1-bit compression's time per parameter."""
+    flops_per_s: float
+    optimizer_s_per_param: float = 0.0
+    compress_s_per_param: float = 0.0
+    grad_sync_local_s_per_param: float = 0.0
+    measured: dict | None = None  # the profile's step, used as is when the workload matches it
+    source: str = ""
+
+
+def parameter_count(model: str, vocab_size: int, nsp: bool = True) -> int:
+    from commodity_bert.model import build_config, build_model
+    with torch.device("meta"):
+        module = build_model(build_config(model, vocab_size), nsp=nsp)
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def forward_backward_flops(model: str, vocab_size: int, seq_len: int, micro_batch: int) -> float:
+    """Full-length sequences, 15% of positions predicted."""
+    from commodity_bert.model import build_config, training_flops
+    tokens = micro_batch * seq_len
+    return training_flops(build_config(model, vocab_size), tokens, micro_batch * seq_len * seq_len,
+                          micro_batch * round(0.15 * seq_len))
+
+
+def load_profile(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        profile = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"--profile {path}: no such file; run `bert-plan preflight --out {path}` first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlanError(f"--profile {path}: not a preflight profile (invalid JSON: {exc}); run preflight again") from None
+    missing = [k for k in ("version", "ranks", "allreduce", "hosts") if k not in profile]
+    if missing or not profile.get("ranks"):
+        raise PlanError(f"--profile {path}: not a preflight profile (no {', '.join(missing) or 'ranks'}); "
+                        f"run `bert-plan preflight` again")
+    return profile
+
+
+def compute_from_profile(profile: dict) -> Compute:
+    """The slowest rank sets a synchronous step's pace: its figures are taken."""
+    slowest = max(profile["ranks"], key=lambda r: r["forward_backward_s"])
+    return Compute(flops_per_s=slowest["model_flops_per_micro_batch"] / slowest["forward_backward_s"],
+                   optimizer_s_per_param=slowest["optimizer_s"] / slowest["params"],
+                   compress_s_per_param=max(0.0, slowest["onebit_optimizer_s"] - slowest["optimizer_s"])
+                   / slowest["params"],
+                   grad_sync_local_s_per_param=slowest.get("grad_sync_local_s", 0.0) / slowest["params"],
+                   measured=slowest, source=f"profile: {slowest['host']} rank {slowest['rank']}, {slowest['device']}")
+
+
+def network_from_profile(profile: dict, link: str | None, latency_ms: float | None, intra_link: str | None) -> Network:
+    fit = profile["allreduce"].get("fit")
+    net = Network(link_bytes_per_s=parse_rate(link) if link else 0.0)
+    if fit and profile["hosts"] > 1 and not link:
+        net.link_bytes_per_s = fit["bus_bytes_per_s"]
+        net.latency_s = fit["latency_per_hop_s"]
+    if fit and profile["hosts"] == 1:
+        net.intra_bytes_per_s = fit["bus_bytes_per_s"]
+        net.intra_latency_s = fit["latency_per_hop_s"]
+    if latency_ms is not None:
+        net.latency_s = latency_ms / 1000
+    if intra_link:
+        net.intra_bytes_per_s = parse_rate(intra_link)
+    return net
+
+
+def precision_of(config: dict) -> str:
+    return "bf16" if config.get("bf16", {}).get("enabled") else "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
+
+
+def freeze_step_of(config: dict, steps: int, override: int | None, notes: list[str]) -> int:
+    if override is not None:
+        return override
+    params = config.get("optimizer", {}).get("params", {})
+    freeze = params.get("freeze_step")
+    if freeze == "auto":
+        latest = int(params.get("freeze_max_step", steps))
+        notes.append(f"1-bit LAMB: the config freezes by the auto rule; counted at its latest step, {latest} "
+                     f"(--freeze-step to assume another)")
+        return latest
+    if isinstance(freeze, int):
+        return freeze
+    guess = round(0.2 * steps)
+    notes.append(f"1-bit LAMB: no freeze step in the config; assumed at 20% of the steps ({guess})")
+    return guess
+
+
+def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute, vocab_size: int,
+             steps: int | None, freeze_override: int | None, world_hint: int = 1, onebit: bool = False,
+             log_every: int = 0) -> Workload:
+    micro = int(config.get("train_micro_batch_size_per_gpu") or 0)
+    batch = int(config.get("train_batch_size") or 0)
+    if not micro:
+        raise PlanError(f"{name}: the config has no train_micro_batch_size_per_gpu")
+    if not batch:  # CPU configs give accumulation instead of a global batch
+        batch = micro * int(config.get("gradient_accumulation_steps", 1)) * world_hint
+    total = steps or config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+    if not total:
+        raise PlanError(f"{name}: give --steps (the config's scheduler has no total_num_steps)")
+    notes: list[str] = []
+    measured = compute.measured
+    if measured and (measured["model"], measured["seq_len"], measured["micro_batch"]) == (model, seq_len, micro):
+        params = measured["params"]
+        fb_s = measured["forward_backward_s"]
+    else:
+        params = parameter_count(model, vocab_size)
+        fb_s = forward_backward_flops(model, vocab_size, seq_len, micro) / compute.flops_per_s
+        if measured:
+            notes.append(f"{name}: forward + backward scaled by FLOPs from the profile's {measured['model']} "
+                         f"seq {measured['seq_len']} micro-batch {measured['micro_batch']}")
+    if measured:  # waiting for data, per micro-batch, as preflight saw it beside the step
+        fb_s += measured.get("loop_overhead_s", 0.0)
+    sync_local_s = compute.grad_sync_local_s_per_param * params
+    bucket_mb = config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("bucket_mb", 25)
+    params_block = config.get("optimizer", {}).get("params", {})
+    return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
+                    grad_bytes=2 if precision_of(config) in ("fp16", "bf16") else 4, fb_s=fb_s,
+                    optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
+                    compress_s=compute.compress_s_per_param * params,
+                    freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
+                    scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
+                    log_every=log_every, notes=notes)
+
+
+def recipe_configs(model: str, optimizer: str) -> list[tuple[str, Path, int]]:
+    """(phase, config, seq len) of the shipped recipe for `optimizer`."""
+    kind = "onebit_lamb" if optimizer == "onebit_lamb" else "lamb"
+    out = []
+    for phase, seq_len in RECIPE_SEQ_LEN.items():
+        path = DS_CONFIGS / f"bert_{model}_{phase}_{kind}_fp16.json"
+        if not path.is_file():
+            raise PlanError(f"--recipe: {path} not found; run from a checkout of the project, or give --config")
+        out.append((phase, path, seq_len))
+    return out
+
+
+def read_config(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanError(f"--config {path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"--config {path}: not valid JSON ({exc})") from None
+
+
+def parse_list(text: str, flag: str, kind=int) -> list:
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlanError(f"{flag} {text!r}: give a comma-separated list, e.g. 1,2,4,8") from None
+    if not values or any(v <= 0 for v in values):
+        raise PlanError(f"{flag} {text!r}: give positive values, e.g. 1,2,4,8")
+    return values
+
+
+def hand_compute(gpu_tflops: float, mfu: float) -> Compute:
+    return Compute(flops_per_s=gpu_tflops * 1e12 * mfu,
+                   source=f"by hand: {gpu_tflops:g} TFLOP/s peak × MFU {mfu:g}; optimizer and 1-bit "
+                          f"compression time not counted")
+
+
+def default_link_note(net: Network) -> str:
+    return f"{net.link_bytes_per_s / GBIT:.3g} Gbit/s per rank, {net.latency_s * 1e6:.0f} µs per hop"
+

@@ -1,0 +1,510 @@
+"""`bert-plan preflight`: measure a cluster before training on it, under the training's launcher.
+
+    deepspeed --hostfile H -m commodity_bert.plan preflight --model large --seq-len 128 --out profile.json
+    deepspeed --num_gpus 2 -m commodity_bert.plan preflight ...          (one machine)
+
+Every rank measures, at the same time as the others (as in training, where they share the
+host's CPUs, memory bandwidth and PCIe): a square matmul in the training precision, and one
+BERT training step split into forward + backward of a micro-batch, the optimizer's step and
+1-bit LAMB's compression work, through DeepSpeed's engine and its precision wrappers with the
+gradient allreduce switched off. Then, across hosts: allreduce time for 1–256 MB on the
+training backend (nccl or gloo), and each pair of hosts' one-way bandwidth, both directions,
+between one rank per host. Problems (a host that never joins, ranks on different interfaces,
+a link much slower than the others) are printed one line each and kept in profile.json.
+
+Why its own rendezvous: torch's waits for the whole world and then says only how many ranks
+joined. preflight's TCPStore lets rank 0 name the host whose ranks did not come.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import socket
+import statistics
+import struct
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+SLOW_LINK_RATIO = 0.5   # a direction below this share of the fastest one is reported
+SIOCGIFADDR = 0x8915
+
+
+def say(message: str) -> None:
+    print(f"bert-plan preflight: {message}", flush=True)
+
+
+# ---------------------------------------------------------------- where a rank is
+def interface_of(address: str) -> str | None:
+    """The local interface that holds IPv4 `address`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                if socket.inet_ntoa(packed[20:24]) == address:
+                    return name
+    return None
+
+
+def route_to(master_addr: str) -> tuple[str, str | None]:
+    """The local address (and its interface) this host uses to reach the master."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(master_addr), 9))  # UDP: no packet is sent
+        local = s.getsockname()[0]
+    return local, interface_of(local)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or "cpu"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def launcher_hosts() -> list[tuple[str, int]] | None:
+    """(host, ranks on it) in rank order, from DeepSpeed's launch.py (our parent) --world_info."""
+    with contextlib.suppress(Exception):
+        import psutil
+        for arg in psutil.Process(os.getppid()).cmdline():
+            if arg.startswith("--world_info="):
+                info = json.loads(base64.urlsafe_b64decode(arg.split("=", 1)[1]))
+                return [(host, len(slots)) for host, slots in info.items()]
+    return None
+
+
+def rendezvous(rank: int, world: int, timeout_s: float) -> dist.Store:
+    """Every rank announces where it runs; rank 0 names the hosts whose ranks never came."""
+    master_addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    try:
+        store = dist.TCPStore(master_addr, port, world, is_master=rank == 0, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s))
+    except Exception as exc:  # noqa: BLE001 - whatever the transport says, the line is the same
+        say(f"problem: rank {rank} on {socket.gethostname()} cannot reach rank 0 at {master_addr}:{port} "
+            f"within {timeout_s:.0f} s ({exc.__class__.__name__}): check that host's address, firewall and "
+            f"--master_addr")
+        sys.exit(1)
+    local, iface = route_to(master_addr)
+    here = {"host": socket.gethostname(), "address": local,
+            "interface": os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or iface,
+            "routed_interface": iface, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+    store.set(f"where/{rank}", json.dumps(here))
+    if rank == 0:
+        keys = [f"where/{r}" for r in range(world)]
+        deadline = time.time() + timeout_s
+        while not store.check(keys) and time.time() < deadline:
+            time.sleep(0.2)
+        missing = [r for r in range(world) if not store.check([f"where/{r}"])]
+        if missing:
+            layout = launcher_hosts()
+            names = []
+            if layout:
+                first = 0
+                for host, count in layout:
+                    ranks = set(range(first, first + count))
+                    if ranks & set(missing):
+                        names.append(f"{host} (rank {first})" if count == 1 else
+                                     f"{host} (ranks {first}–{first + count - 1})")
+                    first += count
+            who = ", ".join(names) or f"ranks {', '.join(map(str, missing))}"
+            say(f"problem: host unreachable: {who} did not join within {timeout_s:.0f} s; check ssh to it "
+                f"(the launcher's output above), that it can reach {master_addr}:{port}, and --join-timeout")
+            store.set("verdict", "abort")
+            sys.exit(1)
+        store.set("verdict", "go")
+    store.wait(["verdict"], timedelta(seconds=timeout_s + 60))
+    if store.get("verdict") != b"go":
+        sys.exit(1)
+    return store
+
+
+# ---------------------------------------------------------------- compute
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / min(times) / 1e12
+
+
+def synthetic_batches(micro_batch: int, seq_len: int, vocab_size: int, count: int, nsp: bool):
+    """Full-length sequences with 15% of positions masked: the worst case, no padding."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(count):
+        ids = torch.randint(1000, vocab_size, (micro_batch, seq_len), generator=generator)
+        picks = max(1, int(0.15 * seq_len))
+        positions = torch.stack([torch.randperm(seq_len - 1, generator=generator)[:picks] + 1
+                                 for _ in range(micro_batch)])
+        flat = (positions + torch.arange(micro_batch).unsqueeze(1) * seq_len).reshape(-1)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+                 "masked_index": flat, "masked_labels": ids.reshape(-1)[flat],
+                 "real_tokens": torch.tensor(micro_batch * seq_len)}
+        if nsp:
+            batch["next_sentence_labels"] = torch.zeros(micro_batch, dtype=torch.long)
+        yield batch
+
+
+def measure_training_step(args, ds_config: dict, device: torch.device, rank: int, world: int) -> dict:
+    """Forward + backward of one micro-batch and the optimizer's step, with DeepSpeed's engine
+    and precision wrappers but without its gradient allreduce; then 1-bit LAMB's step in its
+    compression stage, its compressed allreduce on a one-rank group (the work, not the wire)."""
+    from commodity_bert import shard_format as fmt
+    from commodity_bert.bucket_clip import PROJECT_BLOCK
+    from commodity_bert.data import TrainingBatches
+    from commodity_bert.model import build_config, training_flops
+
+    measured_optimizer = str(ds_config.get("optimizer", {}).get("type", "Lamb"))
+    config = {k: v for k, v in ds_config.items() if k not in (PROJECT_BLOCK, "scheduler", "gradient_accumulation_steps")}
+    config["train_micro_batch_size_per_gpu"] = args.micro_batch
+    config["train_batch_size"] = args.micro_batch * world
+    params_block = dict(config.get("optimizer", {}).get("params", {}))
+    onebit_params = {"lr": params_block.get("lr", 1e-3), "weight_decay": params_block.get("weight_decay", 0.01),
+                     "scale_block": params_block.get("scale_block", 256)}
+    if config.get("optimizer", {}).get("type") == "OneBitLamb":  # its warmup step is LAMB's
+        params = {k: v for k, v in params_block.items() if not k.startswith(("freeze", "factor"))
+                  and k not in ("coeff_beta", "scale_block")}
+        config["optimizer"] = {"type": "Lamb", "params": params}
+    if args.data:
+        manifest = fmt.load_manifest(args.data)
+        vocab_size, nsp = manifest["vocab"]["size"], manifest["nsp"]
+        seq_len = manifest.get("seq_len", args.seq_len)
+        # with the loader's worker processes, as train.py runs them: on a CPU they share its cores
+        batches = iter(TrainingBatches(args.data, manifest, rank, world, args.micro_batch, seed=0,
+                                       num_workers=args.num_workers))
+    else:
+        vocab_size, nsp, seq_len = args.vocab_size, True, args.seq_len
+        batches = synthetic_batches(args.micro_batch, seq_len, vocab_size, 2 * args.steps + 4, nsp)
+    model_config = build_config(args.model, vocab_size)
+
+    own = None  # a one-rank group per rank: every rank takes part in creating every group
+    for r in range(world):
+        group = dist.new_group([r])
+        if r == rank:
+            own = group
+    lamb = timed_steps(config, model_config, nsp, batches, device, args.steps, local_sync_group=own)
+    onebit_config = {**config, "optimizer": {"type": "OneBitLamb", "params": {**onebit_params, "freeze_step": 1}}}
+    onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, own)
+    del batches
+    fb_s, optimizer_s = statistics.median(lamb["fb"]), statistics.median(lamb["opt"])
+    flops = [training_flops(model_config, tokens, args.micro_batch * width * width, masked)
+             for tokens, width, masked in lamb["shapes"]]
+    return {"model": args.model, "params": lamb["params"], "seq_len": seq_len, "micro_batch": args.micro_batch,
+            "vocab_size": vocab_size, "nsp": nsp, "optimizer": measured_optimizer,
+            "data": str(args.data) if args.data else "synthetic full-length sequences",
+            "real_token_share": statistics.mean(lamb["real"]),
+            "forward_backward_s": fb_s, "optimizer_s": optimizer_s,
+            # waiting for the batch and moving it, beyond forward + backward + optimizer
+            "loop_overhead_s": max(0.0, statistics.median(lamb["whole"]) - fb_s - optimizer_s
+                                   - statistics.median(lamb["sync"])),
+            # DeepSpeed's gradient allreduce without the network (flatten, scale, unflatten, copy
+            # back) and train.py's gradient norm of the averaged gradients
+            "grad_sync_local_s": statistics.median(lamb["sync"]),
+            "onebit_optimizer_s": statistics.median(onebit["opt"]), "scale_block": onebit_params["scale_block"],
+            "model_flops_per_micro_batch": statistics.mean(flops),
+            "model_tflops": statistics.mean(flops) / fb_s / 1e12}
+
+
+def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.device, steps: int,
+                compression_group=None, local_sync_group=None) -> dict:
+    """Two steps to warm up (and, for 1-bit LAMB, to freeze), then `steps` timed ones. With
+    `local_sync_group` (this rank alone), DeepSpeed's own gradient allreduce code runs on it
+    between backward and the optimizer step, timed apart: its memory passes, not the wire."""
+    import deepspeed
+
+    from commodity_bert.grad_norm import gradient_norm
+    from commodity_bert.model import PretrainingModel, build_model
+    from commodity_bert.onebit_allreduce import CompressedAllreduce
+    from commodity_bert.precision import current_loss_scale
+    from commodity_bert.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = PretrainingModel(build_model(model_config, nsp=nsp))
+    optimizer, parameters, ds_config = build_optimizer(config, model, device.type == "cuda")
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=ds_config)
+    engine.enable_backward_allreduce = False
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if compression_group is not None:
+        optimizer.compressor = CompressedAllreduce(params, device, group=compression_group,
+                                                   scale_block=optimizer.scale_block)
+    out = {"params": params, "fb": [], "opt": [], "sync": [], "whole": [], "shapes": [], "real": []}
+    for i in range(steps + 2):
+        sync(device)
+        fetch = time.perf_counter()
+        batch = next(batches)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        sync(device)
+        start = time.perf_counter()
+        loss, _ = engine(batch)
+        engine.backward(loss)
+        sync(device)
+        middle = time.perf_counter()
+        if local_sync_group is not None:
+            grads = (engine.optimizer.get_grads_for_reduction()[0] if hasattr(engine.optimizer, "get_grads_for_reduction")
+                     else engine._get_gradients_for_reduction()[0])
+            engine.allreduce_no_retain(grads, dp_group=local_sync_group, dp_world_size=1)
+            # train.py reads the gradient norm at every step where DeepSpeed averaged the gradients
+            gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged=True)
+            sync(device)
+        synced = time.perf_counter()
+        engine.step()
+        sync(device)
+        end = time.perf_counter()
+        if i >= 2:
+            out["fb"].append(middle - start)
+            out["sync"].append(synced - middle)
+            out["opt"].append(end - synced)
+            out["whole"].append(end - fetch)
+            mask = batch["attention_mask"]
+            out["shapes"].append((int(batch["real_tokens"]), mask.shape[1], int(batch["masked_index"].numel())))
+            out["real"].append(int(batch["real_tokens"]) / mask.numel())
+    if compression_group is not None and not optimizer.frozen:
+        raise RuntimeError("preflight: 1-bit LAMB did not reach its compression stage")
+    del engine, model, optimizer
+    return out
+
+
+# ---------------------------------------------------------------- network
+def timed_allreduce(size_bytes: int, device: torch.device, repeats: int) -> float:
+    tensor = torch.ones(size_bytes // 4, device=device)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    # every rank's view: the collective ends when its slowest member does
+    worst = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares t = a + b·x; a clipped at 0 (latency cannot be negative)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else my / mx
+    a = my - b * mx
+    if a < 0:
+        b, a = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
+    return a, b
+
+
+def allreduce_sweep(args, device: torch.device, world: int) -> dict:
+    """Allreduce of each size on the training backend; sizes that would overrun the time budget
+    at the bandwidth measured so far are skipped (and said so)."""
+    sizes = [float(s) for s in args.sizes_mb.split(",")]
+    rows, skipped, spent = [], [], 0.0
+    timed_allreduce(2**20, device, 1)  # connections up
+    for mb in sizes:
+        size = int(mb * 2**20)
+        repeats = 3
+        if rows:
+            per_byte = rows[-1]["seconds"] / rows[-1]["bytes"]
+            guess = size * per_byte
+            repeats = 3 if guess * 3 < 0.2 * args.comm_budget_s else 1
+            if spent + guess * repeats > args.comm_budget_s:
+                skipped.append(mb)
+                continue
+        seconds = timed_allreduce(size, device, repeats)
+        spent += seconds * repeats
+        sent = 2 * (world - 1) / world * size
+        rows.append({"mb": mb, "bytes": size, "seconds": seconds, "algbw_gbit_s": size / seconds * 8 / 1e9,
+                     "busbw_gbit_s": sent / seconds * 8 / 1e9})
+    result = {"world": world, "sizes": rows, "skipped_mb": skipped}
+    if world > 1 and len(rows) >= 2:
+        latency, per_byte = fit_line([(2 * (world - 1) / world * r["bytes"], r["seconds"]) for r in rows])
+        result["fit"] = {"latency_s": latency, "latency_per_hop_s": latency / (2 * (world - 1)),
+                         "bus_bytes_per_s": 1 / per_byte, "bus_gbit_s": 8 / per_byte / 1e9}
+    return result
+
+
+def round_robin(n: int) -> list[list[tuple[int, int]]]:
+    """Rounds of disjoint pairs covering every pair once (the circle method; a bye when n is odd)."""
+    members = list(range(n)) + ([None] if n % 2 else [])
+    rounds = []
+    for _ in range(len(members) - 1):
+        half = len(members) // 2
+        pairs = [(members[i], members[-1 - i]) for i in range(half)]
+        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        members = [members[0], members[-1], *members[1:-1]]
+    return rounds
+
+
+def link_matrix(leaders: list[int], hosts: list[str], rank: int, device: torch.device, size: int) -> list[dict]:
+    """Each pair of hosts' leaders sends `size` bytes one way, then the other, twice; a
+    direction's bandwidth is what its receiver saw (the better try). One direction at a time:
+    a saturated uplink would also slow the other direction's acknowledgements."""
+    mine = []
+    payload = torch.ones(size // 4, device=device)
+    incoming = torch.empty_like(payload)
+    for pairs in round_robin(len(leaders)):
+        for a, b in pairs:
+            if rank not in (leaders[a], leaders[b]):
+                continue
+            for sender, receiver in ((leaders[a], leaders[b]), (leaders[b], leaders[a])):
+                best = float("inf")
+                for _ in range(2):
+                    if rank == sender:
+                        dist.send(payload, dst=receiver)
+                        dist.recv(incoming[:1], src=receiver)  # go-ahead for the next try
+                    else:
+                        sync(device)
+                        start = time.perf_counter()
+                        dist.recv(incoming, src=sender)
+                        sync(device)
+                        best = min(best, time.perf_counter() - start)
+                        dist.send(payload[:1], dst=sender)
+                if rank == receiver:
+                    mine.append({"from": hosts[leaders.index(sender)], "to": hosts[leaders.index(receiver)],
+                                 "gbit_s": size * 8 / best / 1e9})
+        dist.barrier()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return [row for part in everyone for row in part]
+
+
+def link_problems(links: list[dict]) -> list[str]:
+    """Directions much slower than the fastest, put down to the one host they all touch when
+    there is one (with two hosts, to the sender: tc and half-duplex ports slow one direction)."""
+    if len(links) < 2:
+        return []
+    fastest = max(links, key=lambda r: r["gbit_s"])
+    slow = [r for r in links if r["gbit_s"] < SLOW_LINK_RATIO * fastest["gbit_s"]]
+    if not slow:
+        return []
+    reference = (f"under {SLOW_LINK_RATIO:.0%} of the fastest direction ({fastest['from']} → {fastest['to']}, "
+                 f"{fastest['gbit_s'] * 1000:.0f} Mbit/s)")
+    fix = "check its NIC's speed and duplex (ethtool), cable, switch port and traffic shaping (tc)"
+    common = set.intersection(*({r["from"], r["to"]} for r in slow))
+    senders = {r["from"] for r in slow}
+    if len(common) > 1 and len(senders) == 1:
+        common = senders
+    if len(common) == 1:
+        host = next(iter(common))
+        parts = [f"sends {r['gbit_s'] * 1000:.0f} Mbit/s to {r['to']}" if r["from"] == host else
+                 f"receives {r['gbit_s'] * 1000:.0f} Mbit/s from {r['from']}" for r in slow]
+        return [f"slow link: {host} {', '.join(parts)}, {reference}; {fix}"]
+    return [f"slow link: {r['from']} → {r['to']} at {r['gbit_s'] * 1000:.0f} Mbit/s, {reference}; {fix}"
+            for r in slow]
+
+
+def interface_problems(where: list[dict]) -> list[str]:
+    by_host = {}
+    for w in where:
+        by_host.setdefault(w["host"], set()).add(w["interface"])
+    names = {iface for ifaces in by_host.values() for iface in ifaces}
+    if len(by_host) < 2 or len(names) < 2:
+        return []
+    detail = "; ".join(f"{host}: {', '.join(sorted(map(str, ifaces)))}" for host, ifaces in sorted(by_host.items()))
+    return [f"ranks on different interfaces ({detail}): the collectives may take a slow or wrong path; "
+            f"set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the cluster network's interface in .deepspeed_env"]
+
+
+# ---------------------------------------------------------------- main
+def run(args) -> int:
+    from commodity_bert.launch_checks import LaunchError, load_deepspeed_config
+    from commodity_bert.plan.report import preflight_tables
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    on_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if on_cuda else torch.device("cpu")
+    if on_cuda:
+        torch.cuda.set_device(device)
+    elif "OMP_NUM_THREADS" not in os.environ:  # as train.py: ranks of a host share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
+    try:
+        ds_config = load_deepspeed_config(args.deepspeed_config) if args.deepspeed_config else {
+            "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+            **({"bf16": {"enabled": True}} if args.precision == "bf16" else
+               {"fp16": {"enabled": True, "initial_scale_power": 16}} if args.precision == "fp16" else {})}
+    except LaunchError as exc:
+        if rank == 0:
+            say(f"error: {exc}")
+        return 2
+    precision = ("bf16" if ds_config.get("bf16", {}).get("enabled") else
+                 "fp16" if ds_config.get("fp16", {}).get("enabled") else "fp32")
+    if args.micro_batch is None:
+        args.micro_batch = int(ds_config.get("train_micro_batch_size_per_gpu", 8))
+
+    store = rendezvous(rank, world, args.join_timeout)
+    backend = "nccl" if on_cuda else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timedelta(minutes=30))
+    import deepspeed
+    deepspeed.init_distributed(dist_backend=backend)
+    where = [json.loads(store.get(f"where/{r}")) for r in range(world)]
+    if rank == 0:
+        say(f"{world} ranks on {len({w['host'] for w in where})} hosts joined; measuring compute")
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    if device.type == "cpu" and dtype == torch.float16:
+        dtype = torch.float32  # CPUs have no fast fp16 matmul; DeepSpeed's fp16 keeps fp32 masters there too
+    mine = {"rank": rank, **where[rank], "device": device_name(device),
+            "matmul_tflops": matmul_tflops(device, dtype, args.matmul_size or (8192 if on_cuda else 1024)),
+            **measure_training_step(args, ds_config, device, rank, world)}
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+
+    if rank == 0:
+        say("measuring the network" if len({w["host"] for w in where}) > 1 else "measuring allreduce")
+    sweep = allreduce_sweep(args, device, world)
+    hosts = list(dict.fromkeys(w["host"] for w in where))
+    leaders = [next(r for r, w in enumerate(where) if w["host"] == h) for h in hosts]
+    links = []
+    if len(hosts) > 1:
+        fit = sweep.get("fit")
+        size = int(min(args.link_mb * 2**20, max(2**20, (fit["bus_bytes_per_s"] if fit else 2**30) * 1.0)))
+        links = link_matrix(leaders, hosts, rank, device, size)
+    if rank != 0:
+        dist.barrier()
+        return 0
+
+    problems = interface_problems(where) + link_problems(links)
+    profile = {
+        "version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
+        "backend": backend, "precision": precision, "world_size": world, "hosts": len(hosts),
+        "gpus_per_node": max(sum(1 for w in where if w["host"] == h) for h in hosts),
+        "ranks": ranks, "allreduce": sweep, "links": links, "problems": problems,
+        "deepspeed_config": str(args.deepspeed_config) if args.deepspeed_config else None,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(profile, indent=1))
+    tmp.replace(out)
+    print(preflight_tables(profile), flush=True)
+    for problem in problems:
+        say(f"problem: {problem}")
+    say(f"wrote {out}" + (f" ({len(problems)} problem{'s' * (len(problems) > 1)})" if problems else ""))
+    dist.barrier()
+    return 1 if problems else 0

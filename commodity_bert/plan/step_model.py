@@ -1,0 +1,233 @@
+"""The step-time model of `bert-plan estimate`: one optimizer step = compute + exposed communication.
+
+Everything here is arithmetic on measured (or stated) quantities, so each term can be checked
+by hand (tests/test_plan.py does) and against a measured run (benchmarks/plan_vs_measured.py).
+
+Compute, per step and GPU:   accumulation × t_fb(micro-batch) + t_optimizer + t_sync_local
+    t_fb is the forward + backward of one micro-batch, measured by `bert-plan preflight`
+    (or FLOPs ÷ (peak × MFU) by hand); for another model, sequence length or micro-batch it
+    is scaled by the training FLOPs (model.training_flops) at the measured FLOP rate.
+    t_sync_local: the gradient allreduce's memory passes (flatten, scale, unflatten, copy
+    back), which run at any world size; measured by preflight with DeepSpeed's own code.
+
+Communication, per step, over the slowest link of a ring:
+    a ring allreduce of S bytes over n members sends 2(n−1)/n · S per member and takes
+    2(n−1) latency hops. Nodes hold G GPUs: the gradient is reduced within the node
+    (intra-node link) and across the N nodes (the network), as NCCL's and gloo's rings do.
+    bytes per gradient element: the communicated dtype (fp16/bf16: 2, fp32: 4).
+  lamb        DeepSpeed's allreduce of the gradients after backward (ZeRO 0): all exposed.
+  bucketwise  bucket-wise clipping (bucket_clip.py) sends fp32 buckets as backward produces
+              them: all but the last bucket hide behind the rest of the last micro-batch's
+              backward (2/3 of its forward + backward); exposed = max(comm − hidden, last bucket).
+  onebit_lamb until the freeze step as lamb; after it the compressed allreduce
+              (onebit_allreduce.py): signs, 1 bit per element, plus one fp32 scale per
+              `scale_block` elements, in an all-to-all and an all-gather, 2(W−1)/W · P ·
+              (1/8 + 4/scale_block) bytes per rank over all W ranks, in the optimizer step
+              (not overlapped), plus the compression stage's extra work over LAMB's step
+              (measured by preflight on a one-rank group).
+  logged steps: where gradients are never averaged in full (bucketwise; 1-bit LAMB once
+              compressed) train.py's gradient norm allreduces the fp32 gradient at every
+              logged step: 1/log_every of a full allreduce per step, outside `bytes_sent`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs
+OPTIMIZERS = ("lamb", "onebit_lamb", "bucketwise")
+
+
+class PlanError(Exception):
+    """Bad planner input: the message is the one line the user sees."""
+
+
+def parse_rate(text: str) -> float:
+    """'10gbit', '25Gbit', '100mbit', '1.5gbps', '800mbit/s' → bytes per second."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg])(?:bit|bps|b)?(?:/s)?\s*", text.lower())
+    if not match:
+        raise PlanError(f"link {text!r}: give a rate like 1gbit, 10gbit, 25gbit or 100mbit")
+    value, unit = float(match.group(1)), match.group(2)
+    return value * {"k": 1e3, "m": 1e6, "g": 1e9}[unit] / 8
+
+
+def ring_allreduce_bytes(size: float, members: int) -> float:
+    """Bytes each member sends in a ring allreduce of `size` bytes (reduce-scatter + all-gather)."""
+    return 2 * (members - 1) / members * size if members > 1 else 0.0
+
+
+def onebit_bytes_per_element(scale_block: int | None) -> float:
+    """Bytes per element of one compressed exchange direction: a sign bit plus its share of a scale."""
+    return 1 / 8 + (4 / scale_block if scale_block else 0.0)
+
+
+@dataclass
+class Network:
+    """What the model needs of a cluster's links: the inter-node network as measured per rank
+    of a ring (bytes/s each member sends) and its latency per hop; the intra-node link alike."""
+    link_bytes_per_s: float
+    latency_s: float = 50e-6
+    intra_bytes_per_s: float = 200 * GBIT  # PCIe 4.0 x16, when not measured
+    intra_latency_s: float = 10e-6
+
+    def allreduce_s(self, size: float, nodes: int, gpus_per_node: int) -> float:
+        """A hierarchical ring allreduce of `size` bytes: within each node, then across nodes."""
+        seconds = 0.0
+        if gpus_per_node > 1:
+            seconds += (ring_allreduce_bytes(size, gpus_per_node) / self.intra_bytes_per_s
+                        + 2 * (gpus_per_node - 1) * self.intra_latency_s)
+        if nodes > 1:
+            seconds += ring_allreduce_bytes(size, nodes) / self.link_bytes_per_s + 2 * (nodes - 1) * self.latency_s
+        return seconds
+
+    def onebit_exchange_s(self, elements: int, scale_block: int | None, nodes: int, gpus_per_node: int) -> float:
+        """The compressed allreduce among all W ranks: each rank sends equal parts to its W−1
+        peers, (W−G)/(W−1) of them on other nodes; a node's G ranks share its link."""
+        world = nodes * gpus_per_node
+        if world == 1:
+            return 0.0
+        per_rank = ring_allreduce_bytes(elements * onebit_bytes_per_element(scale_block), world)
+        seconds = 4 * (world - 1) * (self.latency_s if nodes > 1 else self.intra_latency_s)  # 4 collectives
+        if nodes > 1:
+            seconds += gpus_per_node * per_rank * (world - gpus_per_node) / (world - 1) / self.link_bytes_per_s
+        if gpus_per_node > 1:
+            seconds += per_rank * (gpus_per_node - 1) / (world - 1) / self.intra_bytes_per_s
+        return seconds
+
+
+@dataclass
+class Workload:
+    """One training phase as a DeepSpeed config describes it."""
+    name: str
+    params: int                 # trainable parameters
+    global_batch: int           # sequences per optimizer step
+    micro_batch: int            # sequences per GPU per forward
+    steps: int
+    grad_bytes: int             # bytes per gradient element in DeepSpeed's allreduce
+    fb_s: float                 # forward + backward of one micro-batch, one GPU
+    optimizer_s: float          # the optimizer's step, one GPU
+    compress_s: float = 0.0     # 1-bit LAMB: its compression-stage step's extra work over LAMB's step
+    grad_sync_local_s: float = 0.0  # the gradient allreduce's own memory passes (flatten, scale, copy back)
+    freeze_step: int = 0        # 1-bit LAMB: compressed from this step on
+    scale_block: int | None = 256
+    bucket_bytes: float = 25 * 2**20  # bucket-wise clipping's bucket (fp32)
+    log_every: int = 0          # train.py's --log-every (0: not counted)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepEstimate:
+    compute_s: float
+    comm_s: float               # exposed: not hidden behind compute
+    comm_total_s: float         # all communication time, hidden or not
+    bytes_per_rank: float       # bytes one rank sends per step for training (the metrics' bytes_sent)
+    rounds: int                 # collectives per step
+    metrics_bytes: float = 0.0  # and for the logged gradient norm, per step on average
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+def accumulation_steps(work: Workload, world: int) -> int:
+    per_gpu = work.global_batch / world
+    return max(1, math.ceil(per_gpu / work.micro_batch))
+
+
+def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
+                  net: Network) -> StepEstimate:
+    """One step of `optimizer` at `stage` ('full' gradients, or 'compressed' for 1-bit LAMB),
+    with train.py's gradient norm at logged steps where the ranks' gradients were never
+    averaged in full (1-bit LAMB's compression stage, bucket-wise clipping): an fp32 allreduce
+    of the whole gradient every `log_every` steps (grad_norm.py)."""
+    est = _training_step(work, optimizer, stage, nodes, gpus_per_node, net)
+    world = nodes * gpus_per_node
+    unaveraged = optimizer == "bucketwise" or (optimizer == "onebit_lamb" and stage == "compressed")
+    if unaveraged and work.log_every and world > 1:
+        size = 4.0 * work.params
+        est.comm_s += net.allreduce_s(size, nodes, gpus_per_node) / work.log_every
+        est.comm_total_s += net.allreduce_s(size, nodes, gpus_per_node) / work.log_every
+        est.metrics_bytes = ring_allreduce_bytes(size, world) / work.log_every
+    return est
+
+
+def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
+                   net: Network) -> StepEstimate:
+    world = nodes * gpus_per_node
+    accumulation = accumulation_steps(work, world)
+    compute = accumulation * work.fb_s + work.optimizer_s
+    if optimizer == "onebit_lamb" and stage == "compressed":  # no gradient allreduce: its own flatten
+        exchange = net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
+        sent = ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
+        return StepEstimate(compute + work.compress_s, exchange, exchange, sent, 4 if world > 1 else 0)
+    compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
+    if optimizer == "bucketwise":
+        size = 4.0 * work.params  # bucket_clip.py communicates fp32
+        buckets = max(1, math.ceil(size / work.bucket_bytes))
+        total = sum(net.allreduce_s(min(work.bucket_bytes, size - b * work.bucket_bytes), nodes, gpus_per_node)
+                    for b in range(buckets))
+        last = net.allreduce_s(size - (buckets - 1) * work.bucket_bytes, nodes, gpus_per_node)
+        hidden_behind = BACKWARD_SHARE * work.fb_s * (buckets - 1) / buckets
+        exposed = max(total - hidden_behind, last) if world > 1 else 0.0
+        return StepEstimate(compute, exposed, total, ring_allreduce_bytes(size, world), buckets if world > 1 else 0)
+    if optimizer in ("lamb", "onebit_lamb"):
+        size = float(work.grad_bytes * work.params)
+        seconds = net.allreduce_s(size, nodes, gpus_per_node)
+        return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
+    raise PlanError(f"optimizer {optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+
+
+def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int, net: Network) -> dict:
+    """A phase's totals: for 1-bit LAMB, the full-gradient steps up to the freeze, then compressed."""
+    if optimizer == "onebit_lamb":
+        warm = min(work.freeze_step, work.steps)
+        stages = [("full", warm), ("compressed", work.steps - warm)]
+    else:
+        stages = [("full", work.steps)]
+    seconds = compute = comm = sent = 0.0
+    detail = {}
+    for stage, steps in stages:
+        est = step_estimate(work, optimizer, stage, nodes, gpus_per_node, net)
+        seconds += steps * est.step_s
+        compute += steps * est.compute_s
+        comm += steps * est.comm_s
+        sent += steps * (est.bytes_per_rank + est.metrics_bytes)
+        detail[stage] = {"steps": steps, "step_s": est.step_s, "compute_s": est.compute_s, "comm_s": est.comm_s,
+                         "comm_total_s": est.comm_total_s, "bytes_per_step": est.bytes_per_rank,
+                         "grad_norm_bytes_per_step": est.metrics_bytes,
+                         "rounds_per_step": est.rounds}
+    steps = max(work.steps, 1)
+    return {"phase": work.name, "steps": work.steps, "seconds": seconds, "step_s": seconds / steps,
+            "compute_s": compute / steps, "comm_s": comm / steps, "bytes_per_rank": sent,
+            "accumulation": accumulation_steps(work, nodes * gpus_per_node), "stages": detail}
+
+
+def recipe_rows(phases: dict[str, list[Workload]], nodes_list: list[int], gpus_per_node: int, net: Network,
+                usd_per_gpu_hour: float | None) -> list[dict]:
+    """One row per optimizer and node count over all phases of the recipe (phases[optimizer])."""
+    rows = []
+    for optimizer, works in phases.items():
+        # the same samples on one GPU, no communication and no compression
+        single = sum(phase_estimate(w, "lamb", 1, 1, net)["compute_s"] * w.steps for w in works)
+        samples = sum(w.global_batch * w.steps for w in works)
+        for nodes in nodes_list:
+            gpus = nodes * gpus_per_node
+            per_phase = [phase_estimate(w, optimizer, nodes, gpus_per_node, net) for w in works]
+            seconds = sum(p["seconds"] for p in per_phase)
+            steps = sum(w.steps for w in works)
+            days = seconds / 86400
+            rows.append({
+                "optimizer": optimizer, "nodes": nodes, "gpus": gpus,
+                "step_s": seconds / steps,
+                "compute_s": sum(p["compute_s"] * p["steps"] for p in per_phase) / steps,
+                "comm_s": sum(p["comm_s"] * p["steps"] for p in per_phase) / steps,
+                "seq_per_s": samples / seconds,
+                "efficiency": single / (gpus * seconds),
+                "days": days,
+                "usd": None if usd_per_gpu_hour is None else days * 24 * gpus * usd_per_gpu_hour,
+                "bytes_per_rank": sum(p["bytes_per_rank"] for p in per_phase),
+                "phases": per_phase,
+            })
+    return rows

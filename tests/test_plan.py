@@ -1,0 +1,249 @@
+"""bert-plan: the step-time model's arithmetic by hand, the estimate CLI, and preflight on 2
+local ranks and on the namespace cluster with one slowed link."""
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import DEEPSPEED, REPO, free_port
+
+from commodity_bert.plan.step_model import (
+    GBIT,
+    Network,
+    PlanError,
+    Workload,
+    onebit_bytes_per_element,
+    parse_rate,
+    phase_estimate,
+    recipe_rows,
+    ring_allreduce_bytes,
+    step_estimate,
+)
+
+ROW_KEYS = {"optimizer", "nodes", "gpus", "step_s", "compute_s", "comm_s", "seq_per_s", "efficiency", "days", "usd"}
+
+
+def plan(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "commodity_bert.plan", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def work(**overrides) -> Workload:
+    fields = dict(name="w", params=100_000_000, global_batch=64, micro_batch=4, steps=10, grad_bytes=2,
+                  fb_s=0.5, optimizer_s=0.1, bucket_bytes=100_000_000)
+    return Workload(**{**fields, **overrides})
+
+
+TEN_GBIT = Network(link_bytes_per_s=1.25e9, latency_s=0.0)
+
+
+def test_rates_and_volumes_by_hand():
+    assert parse_rate("10gbit") == 1.25e9
+    assert parse_rate("100mbit") == 12.5e6
+    assert parse_rate("2.5Gbit/s") == 2.5e9 / 8
+    with pytest.raises(PlanError, match="like 1gbit"):
+        parse_rate("fast")
+    assert ring_allreduce_bytes(100, 4) == 150
+    assert ring_allreduce_bytes(100, 1) == 0
+    assert onebit_bytes_per_element(256) == 1 / 8 + 4 / 256
+    # 1 GB over 4 nodes at 10 Gbit/s, 1 ms a hop: 2·3/4·1e9 / 1.25e9 + 6 hops
+    assert Network(1.25e9, latency_s=1e-3).allreduce_s(1e9, 4, 1) == pytest.approx(1.2 + 0.006)
+    # 2 nodes of 2 GPUs: within the node at 200 Gbit/s (25 GB/s, 10 µs a hop), then across
+    assert Network(1.25e9, latency_s=1e-3).allreduce_s(1e9, 2, 2) == pytest.approx(
+        (1e9 / 25e9 + 2 * 10e-6) + (1e9 / 1.25e9 + 2 * 1e-3))
+
+
+def test_step_estimates_by_hand():
+    w = work()
+    # 64 sequences over 4 GPUs of micro-batch 4: 4 micro-batches → 4 × 0.5 + 0.1
+    lamb = step_estimate(w, "lamb", "full", 4, 1, TEN_GBIT)
+    assert lamb.compute_s == pytest.approx(2.1)
+    assert lamb.comm_s == pytest.approx(1.5 * 2e8 / 1.25e9)  # fp16 gradients, 2e8 bytes
+    assert lamb.step_s == pytest.approx(2.1 + 0.24)
+    assert lamb.bytes_per_rank == pytest.approx(3e8)
+
+    onebit = step_estimate(work(compress_s=0.05), "onebit_lamb", "compressed", 4, 1, TEN_GBIT)
+    assert onebit.bytes_per_rank == pytest.approx(1.5 * 1e8 * 0.140625)
+    assert onebit.comm_s == pytest.approx(1.5 * 1e8 * 0.140625 / 1.25e9)
+    assert onebit.compute_s == pytest.approx(2.15)
+    assert onebit.rounds == 4
+
+    # fp32 buckets of 1e8 bytes: 4 of them, 0.12 s each; 3/4 of the backward (2/3 of 0.5 s) hides comm
+    bucketwise = step_estimate(w, "bucketwise", "full", 4, 1, TEN_GBIT)
+    assert bucketwise.comm_total_s == pytest.approx(0.48)
+    assert bucketwise.comm_s == pytest.approx(0.48 - 0.25)
+    slow_backward = step_estimate(work(fb_s=2.0), "bucketwise", "full", 4, 1, TEN_GBIT)
+    assert slow_backward.comm_s == pytest.approx(0.12)  # all hidden but the last bucket
+
+    one_gpu = step_estimate(w, "lamb", "full", 1, 1, TEN_GBIT)
+    assert (one_gpu.compute_s, one_gpu.comm_s) == (pytest.approx(16 * 0.5 + 0.1), 0.0)
+
+
+def test_phase_and_recipe_totals_by_hand():
+    w = work(freeze_step=4)
+    phase = phase_estimate(w, "onebit_lamb", 4, 1, TEN_GBIT)
+    full, compressed = 2.1 + 0.24, 2.1 + 1.5 * 1e8 * 0.140625 / 1.25e9
+    assert phase["stages"]["full"]["steps"] == 4 and phase["stages"]["compressed"]["steps"] == 6
+    assert phase["seconds"] == pytest.approx(4 * full + 6 * compressed)
+
+    rows = recipe_rows({"lamb": [work()]}, [1, 4], 1, TEN_GBIT, usd_per_gpu_hour=2.0)
+    assert [set(r) >= ROW_KEYS for r in rows] == [True, True]
+    one, four = rows
+    assert one["step_s"] == pytest.approx(8.1) and one["efficiency"] == pytest.approx(1.0)
+    assert four["step_s"] == pytest.approx(2.34)
+    assert four["seq_per_s"] == pytest.approx(64 / 2.34)
+    assert four["efficiency"] == pytest.approx(8.1 / (4 * 2.34))
+    assert four["days"] == pytest.approx(23.4 / 86400)
+    assert four["usd"] == pytest.approx(23.4 / 3600 * 4 * 2.0)
+
+
+def test_estimate_cli_by_hand_recipe(tmp_path):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    proc = plan("estimate", "--gpu-tflops", 125, "--link", "10gbit", "--nodes", "1,2,4", "--gpus-per-node", 4,
+                "--model", "large", "--recipe", "--optimizer", "lamb,onebit_lamb", "--usd-per-gpu-hour", 2,
+                "--json", out, "--plot", png)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())
+    assert [(r["optimizer"], r["nodes"], r["gpus"]) for r in rows] == [
+        ("lamb", 1, 4), ("lamb", 2, 8), ("lamb", 4, 16), ("onebit_lamb", 1, 4), ("onebit_lamb", 2, 8),
+        ("onebit_lamb", 4, 16)]
+    assert all(set(r) >= ROW_KEYS for r in rows)
+    # the recipe: phase 1 (7,038 steps, batch 65,536) + phase 2 (1,563 steps, batch 32,768)
+    assert [p["steps"] for p in rows[0]["phases"]] == [7038, 1563]
+    for r in rows:
+        assert r["step_s"] == pytest.approx(r["compute_s"] + r["comm_s"])
+        assert r["days"] == pytest.approx(r["step_s"] * (7038 + 1563) / 86400)
+        assert r["usd"] == pytest.approx(r["days"] * 24 * r["gpus"] * 2)
+    lamb4, onebit4 = rows[2], rows[5]
+    assert onebit4["comm_s"] < lamb4["comm_s"]  # compressed after the freeze
+    assert png.stat().st_size > 10_000
+    assert "lamb" in proc.stdout and "efficiency" in proc.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["estimate", "--gpu-tflops", "100", "--link", "10gbit", "--optimizer", "adam"], "choose from"),
+    (["estimate", "--profile", "missing.json"], "run `bert-plan preflight"),
+    (["estimate", "--gpu-tflops", "100", "--nodes", "1,2"], "--link"),
+    (["estimate", "--gpu-tflops", "100", "--link", "fast"], "rate like"),
+    (["estimate", "--gpu-tflops", "100", "--link", "1gbit", "--nodes", "1,x"], "comma-separated"),
+    (["estimate"], "--profile"),
+])
+def test_estimate_bad_input_one_line(args, words, tmp_path):
+    proc = plan(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bert-plan: error:") and words in lines[0], proc.stderr
+
+
+def preflight_cmd(*launch, out, extra=()):
+    return [DEEPSPEED, *launch, "--module", "commodity_bert.plan", "preflight", "--model", "tiny",
+            "--out", str(out), *map(str, extra)]
+
+
+def test_preflight_two_local_ranks_then_estimate(tmp_path, train_data):
+    out = tmp_path / "profile.json"
+    out.write_text("an earlier profile")  # replaced whole, never half-written
+    proc = subprocess.run(preflight_cmd("--num_gpus", "2", "--master_port", str(free_port()), out=out, extra=[
+        "--data", train_data, "--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb.json", "--micro-batch", 8,
+        "--steps", 2, "--sizes-mb", "1,4"]), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    profile = json.loads(out.read_text())
+    assert (profile["world_size"], profile["hosts"], profile["backend"], profile["precision"]) == (2, 1, "gloo", "fp32")
+    assert [r["rank"] for r in profile["ranks"]] == [0, 1]
+    manifest = json.loads((train_data / "manifest.json").read_text())
+    from commodity_bert.plan.estimate import parameter_count
+    for r in profile["ranks"]:
+        assert r["params"] == parameter_count("tiny", manifest["vocab"]["size"], nsp=manifest["nsp"])
+        assert (r["model"], r["seq_len"], r["micro_batch"]) == ("tiny", manifest["seq_len"], 8)
+        assert r["interface"] and r["device"] and r["matmul_tflops"] > 0
+        assert 0 < r["forward_backward_s"] < 10 and 0 < r["optimizer_s"] < 10 and r["onebit_optimizer_s"] > 0
+        assert 0 < r["real_token_share"] <= 1
+    sizes = profile["allreduce"]["sizes"]
+    assert [s["mb"] for s in sizes] == [1, 4] and all(s["seconds"] > 0 for s in sizes)
+    assert profile["allreduce"]["fit"]["bus_bytes_per_s"] > 0
+    assert profile["links"] == [] and profile["problems"] == []
+    assert "fwd+bwd s" in proc.stdout and "busbw" in proc.stdout
+
+    # the estimate takes the slowest rank's measured step as is for the same model, length, micro-batch
+    rows_path, config = tmp_path / "rows.json", tmp_path / "micro8.json"
+    base = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())
+    config.write_text(json.dumps({**base, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4}))
+    est = plan("estimate", "--profile", out, "--link", "1gbit", "--nodes", "1,2", "--gpus-per-node", 1,
+               "--model", "tiny", "--config", config, "--seq-len",
+               manifest["seq_len"], "--steps", 100, "--optimizer", "lamb", "--json", rows_path)
+    assert est.returncode == 0, est.stderr
+    one, two = json.loads(rows_path.read_text())
+    slowest = max(profile["ranks"], key=lambda r: r["forward_backward_s"])
+    accumulation = 4  # the config's batch, 32 sequences on one GPU, in micro-batches of 8
+    assert one["compute_s"] == pytest.approx(
+        accumulation * (slowest["forward_backward_s"] + slowest["loop_overhead_s"]) + slowest["optimizer_s"]
+        + slowest["grad_sync_local_s"])
+    size = 4 * slowest["params"]  # fp32 gradients over 1 Gbit/s
+    assert two["comm_s"] == pytest.approx(size / (1e9 / 8) + 2 * 50e-6)
+
+
+def test_preflight_names_a_slowed_link(cluster, tmp_path):
+    """node2's uplink limited to 20 Mbit/s by tc: preflight says which host, and exits 1."""
+    out = tmp_path / "profile.json"
+    cluster.set_link(rate="20mbit", hosts=[1])
+    try:
+        proc = subprocess.run(
+            cluster.exec_prefix(0) + preflight_cmd("--hostfile", str(cluster.hostfile), "--master_port",
+                                                   str(free_port()), out=out, extra=[
+                "--seq-len", 32, "--micro-batch", 2, "--steps", 1, "--vocab-size", 2000, "--sizes-mb", "1",
+                "--link-mb", 1]), cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.set_link()
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    profile = json.loads(out.read_text())
+    assert profile["hosts"] == 2 and {r["interface"] for r in profile["ranks"]} == {"eth0"}
+    speeds = {(r["from"], r["to"]): r["gbit_s"] for r in profile["links"]}
+    assert set(speeds) == {("node1", "node2"), ("node2", "node1")}
+    assert speeds[("node2", "node1")] < 0.025 < speeds[("node1", "node2")]
+    assert len(profile["problems"]) == 1 and profile["problems"][0].startswith("slow link: node2 sends")
+    assert f"problem: {profile['problems'][0]}" in proc.stdout
+    assert GBIT == 1.25e8
+
+
+def test_problem_lines_from_measurements():
+    from commodity_bert.plan.preflight import interface_problems, link_problems, round_robin
+    # every pair once, in rounds of disjoint pairs (a bye when odd)
+    for n in (2, 3, 4, 5):
+        pairs = [p for r in round_robin(n) for p in r]
+        assert sorted(tuple(sorted(p)) for p in pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+        assert all(len({h for p in r for h in p}) == 2 * len(r) for r in round_robin(n))
+
+    fast = 1.0
+    three = [{"from": a, "to": b, "gbit_s": 0.05 if a == "node3" else fast}
+             for a in ("node1", "node2", "node3") for b in ("node1", "node2", "node3") if a != b]
+    (line,) = link_problems(three)
+    assert line.startswith("slow link: node3 sends 50 Mbit/s to node1, sends 50 Mbit/s to node2")
+    receives = [{**r, "gbit_s": 0.05 if r["to"] == "node2" else fast} for r in three]
+    assert link_problems(receives)[0].startswith("slow link: node2 receives 50 Mbit/s from node1")
+    assert link_problems([{**r, "gbit_s": fast * 0.9} for r in three]) == []
+    two = [{"from": "node1", "to": "node2", "gbit_s": 1.0}, {"from": "node2", "to": "node1", "gbit_s": 0.1}]
+    assert link_problems(two)[0].startswith("slow link: node2 sends 100 Mbit/s to node1")
+
+    same = [{"host": h, "interface": "eth0"} for h in ("a", "a", "b")]
+    assert interface_problems(same) == []
+    (line,) = interface_problems(same[:2] + [{"host": "b", "interface": "docker0"}])
+    assert "a: eth0; b: docker0" in line and "GLOO_SOCKET_IFNAME" in line
+
+
+def test_preflight_names_the_host_that_never_joins(tmp_path):
+    """Rank 0 of 2 alone, under a parent that holds DeepSpeed's --world_info as launch.py does:
+    after --join-timeout it names the host whose rank did not come, and writes nothing."""
+    import base64
+    world_info = base64.urlsafe_b64encode(json.dumps({"nodeA": [0], "nodeB": [0]}).encode()).decode()
+    out = tmp_path / "profile.json"
+    rank0 = [sys.executable, "-m", "commodity_bert.plan", "preflight", "--model", "tiny", "--join-timeout", "3",
+             "--out", str(out)]
+    parent = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:-1]))",
+              *rank0, f"--world_info={world_info}"]
+    env = {**__import__("os").environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.run(parent, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert ("bert-plan preflight: problem: host unreachable: nodeB (rank 1) did not join within 3 s"
+            in proc.stdout), proc.stdout + proc.stderr
+    assert not out.exists()
