@@ -251,3 +251,27 @@ def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
         check_deepspeed_config(config, 2)
     check_deepspeed_config({**config, "optimizer": {"type": "OneBitLamb", "params": {
         "freeze_step": "auto", "freeze_max_step": 100}}}, 2)
+
+
+def test_a_killed_compiles_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
+    """DeepSpeed's CPU op compile waits for ever on torch's lock file if a killed compile left it."""
+    import subprocess
+    import sys
+
+    from commodity_bert.deepspeed_shm import clear_stale_build_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()  # what a compile killed mid-way leaves: the file, no process holding it
+    assert clear_stale_build_lock() == lock and not lock.exists()
+
+    lock.touch()  # a compile in progress: torch's FileBaton keeps the lock's fd open
+    holder = subprocess.Popen([sys.executable, "-c", f"import os, time; os.open({str(lock)!r}, os.O_RDONLY); "
+                               "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert clear_stale_build_lock() is None and lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
