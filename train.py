@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import sys
@@ -29,7 +30,7 @@ from commodity_bert import shard_format as fmt
 from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.data import DataError, TrainingBatches, validation_batches
+from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, validation_batches
 from commodity_bert.deepspeed_shm import clear_stale_build_lock, release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
 from commodity_bert.finetune.cli import UsageError
@@ -86,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every-minutes", type=float, default=30.0, help="checkpoint every M minutes (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the last K checkpoints")
     p.add_argument("--num-workers", type=int, default=2, help="data-loading processes per rank")
+    p.add_argument("--shards-in-memory", type=int, default=SHARDS_IN_MEMORY,
+                   help="training shards a rank holds in memory at a time (its RAM for data is about this "
+                        "times the shard size, whatever the data set's size); 0: all of its shards")
     p.add_argument("--dist-timeout-minutes", type=float, default=10.0,
                    help="collective timeout: how long ranks wait for a dead peer before failing")
     p.add_argument("--compile", action="store_true",
@@ -178,7 +182,8 @@ def main() -> None:
         data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
         model_config = build_config(args.model, manifest["vocab"]["size"])
         check_data_against_model(manifest, model_config, args.data)
-        batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers)
+        batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers,
+                                  args.shards_in_memory)
         val_batches = validation_batches(args.data, manifest, rank, world, micro_batch)
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
@@ -390,12 +395,13 @@ def main() -> None:
     # would wait on them for ever.
     data_iter.close()
     identical = parameters_identical_across_ranks(model, device)
-    hosts = [None] * world  # which machine each rank ran on, for the record
-    dist.all_gather_object(hosts, socket.gethostname())
+    hosts = [None] * world  # which machine each rank ran on, and its peak memory, for the record
+    dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     export()
     if rank == 0:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
-                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world, "hosts": hosts,
+                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world, "hosts": [h for h, _ in hosts],
+                   "peak_rss_mb": [round(mb, 1) for _, mb in hosts],
                    "params_identical_across_ranks": identical, **last_eval}
         tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
         tmp.write_text(json.dumps(summary, indent=1))

@@ -2,9 +2,11 @@
 
 Every micro-batch on every rank takes the same number of samples from each length stratum, as
 MLPerf's BERT does: one schedule, computed by every rank from the manifest, spreads each
-stratum's samples evenly over the epoch's batches (a stratum smaller than one sample per batch
+stratum's samples evenly over the batches (a stratum smaller than one sample per batch
 appears in every k-th batch), and each rank fills it with its own shuffled samples. Work per
-rank is then balanced without any communication. Each batch is trimmed to its
+rank is then balanced without any communication. A rank streams its shards: an epoch is a
+series of rounds, each over a few of its shards in memory (`StreamPlan`), so a rank's memory is
+set by the shard size, not by the data set's. Each batch is trimmed to its
 longest sample (rounded up to a multiple of 8). Unmasked (dynamic) shards are masked here,
 with a generator seeded by (seed, epoch, rank, batch) so a resumed run masks exactly as an
 uninterrupted one.
@@ -80,28 +82,47 @@ def spread_strata(take: np.ndarray, micro_batch: int) -> np.ndarray:
     return np.stack([np.repeat(np.arange(len(take)), counts) for counts in rows])
 
 
-@dataclass
-class RankData:
-    arrays: dict[str, np.ndarray]
-    strata: list[np.ndarray]   # sample indices of each stratum
-    schedule: np.ndarray       # [batches, micro_batch] stratum of each slot, the same on every rank
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return len(self.schedule)
+ID_SHARD, ID_STRATUM = 36, 32  # a sample's id: shard << 36 | stratum << 32 | ordinal in its stratum
 
 
-def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.ndarray:
-    """Which stratum fills each slot of each micro-batch of an epoch, from what every rank holds
-    ([ranks, strata], known from the manifest: no communication). Every rank gets the same
-    schedule, so every micro-batch on every rank has the same length mix and no rank waits for
-    another; each rank trains all its samples but fewer than one micro-batch (plus the few by
-    which shards differ), a different few every epoch."""
-    least = rank_counts.min(axis=0)  # what every rank holds at least, per stratum
+def sample_ids(shard: int, stratum: int, ordinals: np.ndarray) -> np.ndarray:
+    return (np.int64(shard) << ID_SHARD) | (np.int64(stratum) << ID_STRATUM) | np.asarray(ordinals, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class ShardShare:
+    """The samples of one shard that one rank trains: per stratum, their ordinals in the stratum."""
+    shard: int
+    ordinals: tuple[np.ndarray, ...]
+
+    def counts(self) -> np.ndarray:
+        return np.array([len(o) for o in self.ordinals], dtype=np.int64)
+
+    def ids(self, stratum: int) -> np.ndarray:
+        return sample_ids(self.shard, stratum, self.ordinals[stratum])
+
+
+def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
+    """Which samples rank `rank` trains, shard by shard, from the manifest alone: with a shard
+    count that is a multiple of the world size, all of shards r, r+W, …; otherwise every W-th
+    sample of each stratum of every shard. Every rank gets the same number of shares."""
+    entries = manifest["splits"]["train"]["shards"]
+    if len(entries) % world == 0:
+        return [ShardShare(k, tuple(np.arange(n) for n in entries[k]["strata_counts"]))
+                for k in range(rank, len(entries), world)]
+    return [ShardShare(k, tuple(np.arange(rank, n, world) for n in e["strata_counts"]))
+            for k, e in enumerate(entries)]
+
+
+def round_schedule(rank_counts: np.ndarray, micro_batch: int) -> np.ndarray:
+    """Which stratum fills each slot of each micro-batch, from what every rank holds ([ranks,
+    strata], known from the manifest: no communication). Every rank gets the same schedule, so
+    every micro-batch on every rank has the same length mix and no rank waits for another. It
+    takes what every rank holds at least, less a part of a micro-batch: the rest is carried."""
+    least = rank_counts.min(axis=0)
     batches = int(least.sum()) // micro_batch
     if batches == 0:
-        raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
-                        f"{len(rank_counts)} ranks; make more data or use a smaller micro-batch")
+        return np.zeros((0, micro_batch), dtype=np.int64)
     exact = least / least.sum() * batches * micro_batch
     take = np.floor(exact).astype(np.int64)
     for s in np.argsort(-(exact - take), kind="stable")[: batches * micro_batch - take.sum()]:
@@ -109,36 +130,131 @@ def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.
     return spread_strata(take, micro_batch)
 
 
-def rank_training_data(data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int) -> RankData:
-    """This rank's disjoint share of the training samples and the epoch's strata schedule.
-
-    With a shard count that is a multiple of the world size, rank r reads shards r, r+W, …;
-    otherwise every rank reads all shards and keeps every W-th sample of each stratum."""
-    entries = manifest["splits"]["train"]["shards"]
-    seq_len, num_strata = manifest["seq_len"], manifest["num_strata"]
-    if len(entries) % world == 0:
-        arrays = load_split(data_dir, manifest, "train", slice(rank, None, world))
-        strata_all = fmt.stratum_of(arrays["lengths"], seq_len, num_strata)
-        strata = [np.flatnonzero(strata_all == s) for s in range(num_strata)]
-        rank_counts = np.array([[sum(e["strata_counts"][s] for e in entries[r::world]) for s in range(num_strata)]
-                                for r in range(world)])
-    else:
-        arrays = load_split(data_dir, manifest, "train")
-        strata_all = fmt.stratum_of(arrays["lengths"], seq_len, num_strata)
-        strata = [np.flatnonzero(strata_all == s)[rank::world] for s in range(num_strata)]
-        total = np.array(manifest["splits"]["train"]["strata_counts"])
-        rank_counts = np.array([[len(range(r, n, world)) for n in total] for r in range(world)])
-    return RankData(arrays, strata, epoch_schedule(rank_counts, micro_batch, str(data_dir)))
+def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.ndarray:
+    """`round_schedule` over a whole epoch held at once; too few samples for one batch is an error."""
+    schedule = round_schedule(rank_counts, micro_batch)
+    if len(schedule) == 0:
+        raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
+                        f"{len(rank_counts)} ranks; make more data or use a smaller micro-batch")
+    return schedule
 
 
-def epoch_plan(data: RankData, seed: int, epoch: int, rank: int) -> np.ndarray:
-    """[batches, micro_batch] sample indices following the schedule, strata shuffled per epoch."""
-    rng = np.random.default_rng([seed, epoch, rank])
-    plan = np.empty(data.schedule.shape, dtype=np.int64)
-    for s, indices in enumerate(data.strata):
-        slots = data.schedule == s
-        plan[slots] = rng.permutation(indices)[: int(slots.sum())]
-    return plan
+@dataclass
+class Round:
+    """Part of an epoch trained from a few shards in memory (and the samples carried into it)."""
+    index: int
+    first_batch: int        # its first batch's index in the epoch
+    shards: list[int]       # the shards it reads
+    plan: np.ndarray        # [batches, micro_batch] sample ids
+    carried_in: np.ndarray  # ids of samples of earlier rounds that it trains or carries on
+    carried_out: np.ndarray
+
+
+class StreamPlan:
+    """An epoch as rounds of `shards_in_memory` of this rank's shards, from the manifest alone.
+
+    The shard order is shuffled per epoch with the same generator on every rank, so round k
+    reads as many shards on every rank; its schedule comes from what every rank holds in it
+    (`round_schedule`), so the strata mix of micro-batch i is the same everywhere. What a rank
+    holds beyond what every rank holds (shards differ by a sample per stratum), and the last
+    part of a micro-batch, is carried into the next round: every sample trains once per epoch
+    but fewer than a micro-batch plus the few by which ranks' shares differ, as with the whole
+    data set in memory. Within a round each stratum's samples are shuffled per (epoch, rank,
+    round); a position in the epoch (batch index) is enough to rebuild everything on resume."""
+
+    def __init__(self, manifest: dict, rank: int, world: int, micro_batch: int, seed: int,
+                 shards_in_memory: int, where: str = "data"):
+        self.rank, self.micro_batch, self.seed = rank, micro_batch, seed
+        self.num_strata = manifest["num_strata"]
+        self.shares = [rank_shares(manifest, r, world) for r in range(world)]
+        self.counts = np.array([[share.counts() for share in shares] for shares in self.shares])  # [W, n, S]
+        n = len(self.shares[rank])
+        self.window = n if shards_in_memory <= 0 else min(shards_in_memory, n)
+        self._cache: dict[int, list[Round]] = {}
+        if sum(len(r.plan) for r in self.rounds(0)) == 0:
+            raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
+                            f"{world} ranks; make more data or use a smaller micro-batch")
+
+    def rounds(self, epoch: int) -> list[Round]:
+        if epoch not in self._cache:
+            self._cache = {epoch: self._plan_epoch(epoch)}  # the current epoch only
+        return self._cache[epoch]
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        return sum(len(r.plan) for r in self.rounds(epoch))
+
+    def _plan_epoch(self, epoch: int) -> list[Round]:
+        n = self.counts.shape[1]
+        order = np.random.default_rng([self.seed, epoch]).permutation(n)  # the same on every rank
+        own = self.shares[self.rank]
+        carry_counts = np.zeros((self.counts.shape[0], self.num_strata), dtype=np.int64)
+        carry = [np.zeros(0, dtype=np.int64) for _ in range(self.num_strata)]
+        rounds, first = [], 0
+        for k, start in enumerate(range(0, n, self.window)):
+            positions = order[start:start + self.window]
+            held = carry_counts + self.counts[:, positions].sum(axis=1)
+            schedule = round_schedule(held, self.micro_batch)
+            take = np.bincount(schedule.ravel(), minlength=self.num_strata)
+            carry_counts = held - take
+            rng = np.random.default_rng([self.seed, epoch, self.rank, k])
+            plan = np.empty(schedule.shape, dtype=np.int64)
+            carried_in = np.concatenate(carry)
+            for s in range(self.num_strata):
+                pool = np.concatenate([carry[s], *(own[p].ids(s) for p in positions)])
+                pool = pool[rng.permutation(len(pool))]
+                plan[schedule == s] = pool[:take[s]]
+                carry[s] = pool[take[s]:]
+            rounds.append(Round(k, first, [own[p].shard for p in positions], plan, carried_in,
+                                np.concatenate(carry)))
+            first += len(schedule)
+        return rounds
+
+
+class ShardReader:
+    """Reads this split's shards one at a time (each checked against the manifest) and gathers
+    the rows of given sample ids from them."""
+
+    def __init__(self, data_dir: str | Path, manifest: dict):
+        self.paths = fmt.shard_paths(data_dir, manifest, "train")
+        self.entries = manifest["splits"]["train"]["shards"]
+        self.seq_len, self.num_strata = manifest["seq_len"], manifest["num_strata"]
+
+    def load(self, shard: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """A shard's arrays and, per stratum, its rows in order (the ordinals of sample ids)."""
+        arrays = load_arrays([self.paths[shard]], [self.entries[shard]["sha256"]])
+        strata = fmt.stratum_of(arrays["lengths"], self.seq_len, self.num_strata)
+        rows = [np.flatnonzero(strata == s) for s in range(self.num_strata)]
+        if [len(r) for r in rows] != list(self.entries[shard]["strata_counts"]):
+            raise DataError(f"shard {self.paths[shard]} holds other length strata than its manifest says; "
+                            f"re-run bert-data-prep shards and check with bert-data-prep inspect --verify")
+        return arrays, rows
+
+    def gather(self, ids: np.ndarray, kept: tuple[np.ndarray, dict] | None = None) -> dict[str, np.ndarray]:
+        """The rows of `ids` (sorted, unique), taken from `kept` (ids, arrays of an earlier
+        gather) where it has them and from their shards otherwise, one shard in memory at a time."""
+        out: dict[str, np.ndarray] = {}
+
+        def put(where: np.ndarray, source: dict[str, np.ndarray], rows: np.ndarray) -> None:
+            for key, array in source.items():
+                if key not in out:
+                    out[key] = np.empty((len(ids), *array.shape[1:]), dtype=array.dtype)
+                out[key][where] = array[rows]
+
+        todo = np.ones(len(ids), dtype=bool)
+        if kept is not None and len(kept[0]):
+            found = np.isin(ids, kept[0])
+            put(np.flatnonzero(found), kept[1], np.searchsorted(kept[0], ids[found]))
+            todo &= ~found
+        shards = ids >> ID_SHARD
+        for shard in np.unique(shards[todo]):
+            where = np.flatnonzero(todo & (shards == shard))
+            arrays, rows = self.load(int(shard))
+            strata = (ids[where] >> ID_STRATUM) & ((1 << (ID_SHARD - ID_STRATUM)) - 1)
+            ordinals = ids[where] & ((1 << ID_STRATUM) - 1)
+            starts = np.concatenate([[0], np.cumsum([len(r) for r in rows])[:-1]])
+            put(where, arrays, np.concatenate(rows)[starts[strata] + ordinals])
+            del arrays
+        return out
 
 
 class BatchMaker:
@@ -194,15 +310,15 @@ class BatchMaker:
 
 
 class _PlannedBatches(Dataset):
-    def __init__(self, maker: BatchMaker, plan: np.ndarray, start: int, key: tuple[int, ...]):
-        self.maker, self.plan, self.start, self.key = maker, plan, start, key
+    def __init__(self, maker: BatchMaker, plan: np.ndarray, first: int, start: int, key: tuple[int, ...]):
+        self.maker, self.plan, self.first, self.start, self.key = maker, plan, first, start, key
 
     def __len__(self) -> int:
         return len(self.plan) - self.start
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         index = self.start + i
-        return self.maker(self.plan[index], (*self.key, index))
+        return self.maker(self.plan[index], (*self.key, self.first + index))
 
 
 def _ignore_stop_signals(_worker_id: int) -> None:
@@ -212,15 +328,21 @@ def _ignore_stop_signals(_worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+SHARDS_IN_MEMORY = 2
+
+
 class TrainingBatches:
-    """Endless micro-batches over epochs, with a position that checkpoints save and restore."""
+    """Endless micro-batches over epochs, streamed a round of shards at a time (`StreamPlan`),
+    with a position (epoch, batch) that checkpoints save and restore. A rank holds the arrays
+    of at most `shards_in_memory` of its shards (plus the one being read, and the few samples
+    carried between rounds); 0 holds all of them."""
 
     def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int,
-                 seed: int, num_workers: int):
-        self.data = rank_training_data(data_dir, manifest, rank, world, micro_batch)
-        vocab = Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
-        static = manifest["splits"]["train"]["masking"] == "static"
-        self.maker = BatchMaker(self.data.arrays, manifest, vocab, seed, static)
+                 seed: int, num_workers: int, shards_in_memory: int = SHARDS_IN_MEMORY):
+        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data_dir))
+        self.reader = ShardReader(data_dir, manifest)
+        self.manifest, self.vocab = manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
+        self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
         self.epoch, self.batch = 0, 0
 
@@ -230,20 +352,37 @@ class TrainingBatches:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
+    def round_arrays(self, rnd: Round, kept: tuple[np.ndarray, dict] | None) -> tuple[np.ndarray, dict]:
+        """The round's samples (those it trains and those it carries on), sorted by id."""
+        ids = np.unique(np.concatenate([rnd.plan.ravel(), rnd.carried_out]))
+        return ids, self.reader.gather(ids, kept)
+
     def __iter__(self):
+        kept = None  # the samples carried out of the previous round, with their arrays
         while True:
-            plan = epoch_plan(self.data, self.seed, self.epoch, self.rank)
-            dataset = _PlannedBatches(self.maker, plan, self.batch, (self.epoch, self.rank))
-            # its own generator: a loader drawing its worker seed from the global RNG would shift
-            # dropout after a resume, which creates the loader at another point of the run
-            loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                                prefetch_factor=4 if self.num_workers else None,
-                                generator=torch.Generator().manual_seed(self.seed),
-                                worker_init_fn=_ignore_stop_signals)
-            for batch in loader:
-                self.batch += 1
-                yield batch
-            self.epoch, self.batch = self.epoch + 1, 0
+            for rnd in self.stream.rounds(self.epoch):
+                if self.batch >= rnd.first_batch + len(rnd.plan) and (len(rnd.plan) or self.batch > rnd.first_batch):
+                    kept = None  # a resumed run skips the rounds it trained; gather finds their carry
+                    continue
+                ids, arrays = self.round_arrays(rnd, kept)
+                kept = None
+                maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static)
+                dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), rnd.first_batch,
+                                          self.batch - rnd.first_batch, (self.epoch, self.rank))
+                # its own generator: a loader drawing its worker seed from the global RNG would shift
+                # dropout after a resume, which creates the loader at another point of the run
+                loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
+                                    prefetch_factor=4 if self.num_workers else None,
+                                    generator=torch.Generator().manual_seed(self.seed),
+                                    worker_init_fn=_ignore_stop_signals)
+                for batch in loader:
+                    self.batch += 1
+                    yield batch
+                carried_ids = np.sort(rnd.carried_out)
+                carried = np.searchsorted(ids, carried_ids)
+                kept = (carried_ids, {k: v[carried] for k, v in arrays.items()})
+                del loader, dataset, maker, arrays
+            self.epoch, self.batch, kept = self.epoch + 1, 0, None  # an epoch's last few untrained samples
 
 
 def validation_batches(data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int):
