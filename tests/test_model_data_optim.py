@@ -1,5 +1,8 @@
 """Unpadded, sparse MLM loss vs HF's padded dense loss, LAMB vs a reference, the stratified rank data."""
 import copy
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +240,73 @@ def test_shipped_configs_pass_the_launch_checks(path):
     for world in (1, 2, 8, 16):
         total, micro, accumulation = check_deepspeed_config(config, world)
         assert total == micro * accumulation * world
+
+
+def _tiled_dataset(source: Path, out: Path, num_shards: int, samples_per_shard: int) -> Path:
+    """`num_shards` real shards of the source's samples repeated (same text, new files), with
+    their manifest: a data set larger than the stream window without preparing more text."""
+    manifest = fmt.load_manifest(source)
+    arrays = {k: np.concatenate([fmt.read_shard(p)[k] for p in fmt.shard_paths(source, manifest)])
+              for k in ("input_ids", "segment_ids", "next_sentence_labels", "lengths",
+                        "masked_lm_positions", "masked_lm_ids")}
+    seq_len, vocab_size = manifest["seq_len"], manifest["vocab"]["size"]
+    records = np.zeros(len(arrays["lengths"]), dtype=fmt.record_dtype(seq_len, manifest["max_predictions"], vocab_size, True))
+    records["tokens"], records["length"] = arrays["input_ids"], arrays["lengths"]
+    records["segment_a"] = np.where(arrays["segment_ids"].any(1), arrays["segment_ids"].argmax(1), arrays["lengths"])
+    records["random_next"] = arrays["next_sentence_labels"]
+    records["masked_positions"], records["masked_ids"] = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
+    out.mkdir()
+    infos = []
+    for k in range(num_shards):
+        rows = np.arange(k * samples_per_shard, (k + 1) * samples_per_shard) % len(records)
+        infos.append(fmt.write_shard(out / fmt.shard_name(k), records[rows], seq_len=seq_len,
+                                     num_strata=manifest["num_strata"], static_masking=True, vocab_size=vocab_size,
+                                     split="train", vocab_sha256=manifest["vocab"]["sha256"]).to_json())
+    train = manifest["splits"]["train"]
+    train["shards"] = infos
+    train["strata_counts"] = np.sum([i["strata_counts"] for i in infos], axis=0).tolist()
+    train["samples"] = sum(train["strata_counts"])
+    (out / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    (out / fmt.VOCAB_NAME).write_bytes((source / fmt.VOCAB_NAME).read_bytes())
+    return out
+
+
+EPOCH_PEAK_RSS = """
+import sys
+from commodity_bert import shard_format as fmt
+from commodity_bert.data import TrainingBatches
+def peak_mb():
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+data, in_memory = sys.argv[1], int(sys.argv[2])
+open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: torch's import peaks higher
+start = peak_mb()
+batches = TrainingBatches(data, fmt.load_manifest(data), 0, 1, 256, seed=1, num_workers=0, shards_in_memory=in_memory)
+stream = iter(batches)
+while batches.epoch == 0:
+    next(stream)
+print(peak_mb() - start)
+"""
+
+
+def test_a_ranks_memory_is_bounded_by_the_shards_it_streams_not_the_data_set(datasets, tmp_path):
+    """An epoch over 4× the shards (same shard size) in a fresh process: the peak RSS grows by
+    less than a quarter of the arrays added when streaming one shard at a time, and by most of
+    them with every shard held (the measurement can tell the two apart)."""
+    shard_mb = 4
+    per_sample = sum(a.itemsize * (a.size // len(a)) for k, a in fmt.read_shard(
+        datasets / "static" / "shard_00000.hdf5").items() if k != "input_mask")
+    samples = shard_mb * 2**20 // per_sample
+    small = _tiled_dataset(datasets / "static", tmp_path / "small", 4, samples)
+    large = _tiled_dataset(datasets / "static", tmp_path / "large", 16, samples)
+
+    def peak_mb(data, in_memory):
+        out = subprocess.run([sys.executable, "-c", EPOCH_PEAK_RSS, str(data), str(in_memory)], check=True,
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        return float(out.stdout.split()[-1])
+
+    added_mb = 12 * shard_mb
+    streamed = peak_mb(small, 1), peak_mb(large, 1)
+    held = peak_mb(large, 0)
+    print("peak MB above start, streamed small/large and held:", streamed, held)
+    assert streamed[1] - streamed[0] < added_mb / 4, (streamed, held)
+    assert held - streamed[0] > added_mb / 2, (streamed, held)
