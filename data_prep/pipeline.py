@@ -35,9 +35,10 @@ import numpy as np
 from tqdm import tqdm
 
 from commodity_bert import shard_format as fmt
-from commodity_bert.masking import mask_sequence
+from commodity_bert.masking import mask_rows, mask_sequence
 from commodity_bert.vocab import Vocab
 from data_prep.errors import PrepError
+from data_prep.fast_tokenizer import CachedWordPiece
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
 from data_prep.instances import InstanceSpec, nsp_instances, packed_instances
 from data_prep.sentences import document_sentences
@@ -46,6 +47,7 @@ BATCH_CHARS = 1 << 20
 BATCH_MAX_DOCS = 4096
 BUCKET_BUFFER_BYTES = 16 << 20
 WORK_DIR = ".work"
+MASKING_STREAM = 2**32 - 1  # in a batch's masking seed: apart from the (seed, document, dupe) seeds
 SPLITS = ("train", "validation")
 
 
@@ -98,7 +100,7 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
     ids = vocab.special_ids
     _worker.update(
         config=config,
-        tokenizer=vocab.tokenizer(config.lowercase),
+        tokenizer=CachedWordPiece(vocab.tokenizer(config.lowercase)._tokenizer, config.lowercase),
         spec=InstanceSpec(config.seq_len, config.short_seq_prob, ids["[CLS]"], ids["[SEP]"]),
         mask_id=ids["[MASK]"],
         is_special=vocab.special_mask(),
@@ -112,32 +114,47 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
 def _tokenize(documents: list[list[str]]) -> list[list[np.ndarray]]:
     sentences_per_doc = [document_sentences(doc) for doc in documents]
     flat = [s for sents in sentences_per_doc for s in sents]
-    encoded = _worker["tokenizer"].encode_batch(flat, add_special_tokens=False) if flat else []
+    encoded = _worker["tokenizer"].encode(flat)
     out, pos = [], 0
     for sents in sentences_per_doc:
-        ids = [np.asarray(e.ids, dtype=np.int32) for e in encoded[pos:pos + len(sents)]]
+        ids = encoded[pos:pos + len(sents)]
         pos += len(sents)
         out.append([s for s in ids if len(s)])
     return out
 
 
-def _to_records(instances, rng_list, static: bool) -> np.ndarray:
+def _to_records(instances, rng_list, static: bool, masking_rng: np.random.Generator) -> np.ndarray:
+    """Instances → records, all rows at once; static masking in one numpy pass (`mask_rows`),
+    drawn from `masking_rng`, except whole-word masking, which masks row by row with each
+    instance's own generator."""
     cfg: PrepConfig = _worker["config"]
     dtype = _worker["dtype_static"] if static else _worker["dtype_dynamic"]
     records = np.zeros(len(instances), dtype=dtype)
-    for row, (inst, rng) in zip(records, zip(instances, rng_list)):
-        tokens = inst.tokens
-        if static:
-            tokens, positions, originals = mask_sequence(
-                tokens, rng=rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
+    if not instances:
+        return records
+    lengths = np.array([len(inst.tokens) for inst in instances], dtype=np.int64)
+    rows = np.repeat(np.arange(len(instances)), lengths)
+    cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    tokens = np.zeros((len(instances), cfg.seq_len), dtype=records["tokens"].dtype)
+    tokens[rows, cols] = np.concatenate([inst.tokens for inst in instances])
+    if static and _worker["continuation"] is None:
+        tokens, records["masked_positions"], records["masked_ids"] = mask_rows(
+            tokens, lengths, rng=masking_rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
+            mask_id=_worker["mask_id"], is_special=_worker["is_special"],
+            replacement_ids=_worker["replacement_ids"])
+    elif static:
+        for row, (inst, rng) in enumerate(zip(instances, rng_list)):
+            masked, positions, originals = mask_sequence(
+                inst.tokens, rng=rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
                 mask_id=_worker["mask_id"], is_special=_worker["is_special"],
                 replacement_ids=_worker["replacement_ids"], continuation=_worker["continuation"])
-            row["masked_positions"][:len(positions)] = positions
-            row["masked_ids"][:len(positions)] = originals
-        row["tokens"][:len(tokens)] = tokens
-        row["length"] = len(tokens)
-        row["segment_a"] = inst.segment_a
-        row["random_next"] = inst.random_next
+            tokens[row, :len(masked)] = masked
+            records["masked_positions"][row, :len(positions)] = positions
+            records["masked_ids"][row, :len(positions)] = originals
+    records["tokens"] = tokens
+    records["length"] = lengths
+    records["segment_a"] = [inst.segment_a for inst in instances]
+    records["random_next"] = [inst.random_next for inst in instances]
     return records
 
 
@@ -164,9 +181,11 @@ def process_batch(first_doc_index: int, documents: list[list[str]]) -> dict:
                         else packed_instances(pool[own], _worker["spec"], rng))
                 per_split[split][0].extend(made)
                 per_split[split][1].extend([rng] * len(made))
-    for split in SPLITS:
+    for number, split in enumerate(SPLITS):
         instances, rngs = per_split[split]
-        result[split] = _to_records(instances, rngs, cfg.static or split == "validation")
+        # one generator per batch and split: batches are cut by the main process, whatever the workers
+        masking_rng = np.random.default_rng([cfg.seed, first_doc_index, MASKING_STREAM, number])
+        result[split] = _to_records(instances, rngs, cfg.static or split == "validation", masking_rng)
     return result
 
 

@@ -1,7 +1,8 @@
 """Vocabulary training, NVIDIA interoperability of the shard format, instance and masking rules."""
 import h5py
 import numpy as np
-from conftest import run_cli
+import pytest
+from conftest import REPO, SHARED_CORPORA, run_cli
 
 from commodity_bert import shard_format as fmt
 from commodity_bert.masking import mask_sequence
@@ -124,3 +125,61 @@ def test_truncate_pair_trims_the_longer_segment_first():
     assert (len(ta), len(tb)) == (63, 62)  # b loses 1 to equal a, then b, a, b, ... lose one each
     ta, tb = _truncate_pair(np.arange(5), np.arange(6), 125, rng)
     assert (len(ta), len(tb)) == (5, 6)
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase):
+    """Its own ASCII word split and its cache against `tokenizers`' BertWordPieceTokenizer, on
+    real text (State of the Union; Wikipedia where the shared corpora are present, with its
+    accents and Unicode punctuation) and on the edge cases of BERT's basic tokenizer."""
+    from data_prep.fast_tokenizer import CachedWordPiece
+
+    texts = [sotu_small.read_text()[:400_000]]
+    wiki = SHARED_CORPORA / "enwiki_gensim.txt"
+    if wiki.is_file():
+        texts.append(wiki.read_text()[:400_000])
+    sentences = [s for text in texts for s in document_sentences([l for l in text.splitlines() if l.strip()])]
+    sentences += ["a\x0bb c\x7fd", "naïve Café", "snake_case ~x^y `q` {r}|s\\t", "x" * 150, "Ünïcode — “q”",
+                  "", "   ", "tab\there\r\nnew", "a©b", "中文 text", "ﬁne ligature", "1,000.50$"]
+    vocab = Vocab.load(REPO / "data_prep" / "resources" / "bert_base_uncased_vocab.txt")
+    hf = vocab.tokenizer(lowercase)
+    expected = [e.ids for e in hf.encode_batch(sentences, add_special_tokens=False)]
+    fast = CachedWordPiece(hf._tokenizer, lowercase)
+    for _ in range(2):  # the second pass runs from the cache
+        got = fast.encode(sentences)
+        mismatches = [(s, e, g.tolist()) for s, e, g in zip(sentences, expected, got) if list(g) != e]
+        assert not mismatches, mismatches[:3]
+    assert len(fast.cache) > 1000 and sum(not s.isascii() for s in sentences) > 10
+
+
+def test_mask_rows_follows_mask_sequences_rule_for_every_row():
+    """The vectorized static masking of bert-data-prep: the same budget, no special token, sorted
+    positions padded with 0, the originals where they were, and the 80/10/10 split overall."""
+    from commodity_bert.masking import mask_rows
+
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(3, 129, 4000)
+    tokens = np.zeros((len(lengths), 128), dtype=np.uint16)
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = np.concatenate(([2], rng.integers(1000, 2000, n - 2), [3]))
+    tokens[:, 7] = np.where(lengths > 8, 0, tokens[:, 7])  # a [PAD]-like special inside some rows
+    is_special = np.zeros(3000, dtype=bool)
+    is_special[:5] = True
+    masked, positions, originals = mask_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20,
+                                             mask_id=4, is_special=is_special, replacement_ids=np.arange(5, 3000))
+    candidates = ((np.arange(128) < lengths[:, None]) & ~is_special[tokens]).sum(1)
+    budget = np.minimum(np.minimum(20, np.maximum(1, np.round(lengths * 0.15))), candidates)
+    counts = (positions > 0).sum(1)
+    assert np.array_equal(counts, budget)
+    shown, kept_as_is = [], 0
+    for row in range(len(lengths)):
+        pos = positions[row, :counts[row]]
+        assert np.all(np.diff(pos) > 0) and np.all(positions[row, counts[row]:] == 0)
+        assert not is_special[tokens[row, pos]].any() and np.all(pos < lengths[row])
+        assert np.array_equal(originals[row, :counts[row]], tokens[row, pos])
+        assert np.array_equal(np.delete(masked[row], pos), np.delete(tokens[row], pos))
+        shown.extend(masked[row, pos].tolist())
+        kept_as_is += int((masked[row, pos] == tokens[row, pos]).sum())
+    shown = np.array(shown)
+    assert 0.78 < (shown == 4).mean() < 0.82  # [MASK]
+    assert 0.09 < kept_as_is / len(shown) < 0.115  # kept (and the few random draws of the same id)
