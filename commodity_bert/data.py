@@ -51,6 +51,9 @@ def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str
             raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
                             f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
         parts.append({k: arrays[k] for k in ARRAY_KEYS if k in arrays})
+        del arrays
+    if len(parts) == 1:  # a streamed shard: no second copy
+        return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
@@ -91,15 +94,18 @@ def sample_ids(shard: int, stratum: int, ordinals: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ShardShare:
-    """The samples of one shard that one rank trains: per stratum, their ordinals in the stratum."""
+    """The samples of one shard that one rank trains: per stratum, the ordinals
+    range(first, stratum size, step) (ranges, not arrays: every rank keeps every rank's shares)."""
     shard: int
-    ordinals: tuple[np.ndarray, ...]
+    sizes: tuple[int, ...]
+    first: int = 0
+    step: int = 1
 
     def counts(self) -> np.ndarray:
-        return np.array([len(o) for o in self.ordinals], dtype=np.int64)
+        return np.array([len(range(self.first, n, self.step)) for n in self.sizes], dtype=np.int64)
 
     def ids(self, stratum: int) -> np.ndarray:
-        return sample_ids(self.shard, stratum, self.ordinals[stratum])
+        return sample_ids(self.shard, stratum, np.arange(self.first, self.sizes[stratum], self.step))
 
 
 def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
@@ -108,10 +114,8 @@ def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
     sample of each stratum of every shard. Every rank gets the same number of shares."""
     entries = manifest["splits"]["train"]["shards"]
     if len(entries) % world == 0:
-        return [ShardShare(k, tuple(np.arange(n) for n in entries[k]["strata_counts"]))
-                for k in range(rank, len(entries), world)]
-    return [ShardShare(k, tuple(np.arange(rank, n, world) for n in e["strata_counts"]))
-            for k, e in enumerate(entries)]
+        return [ShardShare(k, tuple(entries[k]["strata_counts"])) for k in range(rank, len(entries), world)]
+    return [ShardShare(k, tuple(e["strata_counts"]), rank, world) for k, e in enumerate(entries)]
 
 
 def round_schedule(rank_counts: np.ndarray, micro_batch: int) -> np.ndarray:
@@ -143,7 +147,18 @@ def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.
 class Round:
     """Part of an epoch trained from a few shards in memory (and the samples carried into it)."""
     index: int
-    first_batch: int        # its first batch's index in the epoch
+    first_batch: int     # its first batch's index in the epoch
+    schedule: np.ndarray  # [batches, micro_batch] stratum of each slot (int8)
+    positions: np.ndarray  # which of the rank's shares (shards) it reads
+
+    @property
+    def batches(self) -> int:
+        return len(self.schedule)
+
+
+@dataclass
+class RoundPlan:
+    round: Round
     shards: list[int]       # the shards it reads
     plan: np.ndarray        # [batches, micro_batch] sample ids
     carried_in: np.ndarray  # ids of samples of earlier rounds that it trains or carries on
@@ -160,7 +175,9 @@ class StreamPlan:
     part of a micro-batch, is carried into the next round: every sample trains once per epoch
     but fewer than a micro-batch plus the few by which ranks' shares differ, as with the whole
     data set in memory. Within a round each stratum's samples are shuffled per (epoch, rank,
-    round); a position in the epoch (batch index) is enough to rebuild everything on resume."""
+    round). The schedules are counts (kept for the epoch); the sample ids of a round are drawn
+    when it is reached (`plans`), so memory follows the round, not the data set, and a position
+    in the epoch (batch index) is enough to rebuild everything on resume."""
 
     def __init__(self, manifest: dict, rank: int, world: int, micro_batch: int, seed: int,
                  shards_in_memory: int, where: str = "data"):
@@ -171,43 +188,47 @@ class StreamPlan:
         n = len(self.shares[rank])
         self.window = n if shards_in_memory <= 0 else min(shards_in_memory, n)
         self._cache: dict[int, list[Round]] = {}
-        if sum(len(r.plan) for r in self.rounds(0)) == 0:
+        if self.batches_in_epoch(0) == 0:
             raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
                             f"{world} ranks; make more data or use a smaller micro-batch")
 
     def rounds(self, epoch: int) -> list[Round]:
+        """The epoch's rounds: shards and schedules (counts only, the same arithmetic on every rank)."""
         if epoch not in self._cache:
-            self._cache = {epoch: self._plan_epoch(epoch)}  # the current epoch only
+            n = self.counts.shape[1]
+            order = np.random.default_rng([self.seed, epoch]).permutation(n)  # the same on every rank
+            carry_counts = np.zeros((self.counts.shape[0], self.num_strata), dtype=np.int64)
+            rounds, first = [], 0
+            for k, start in enumerate(range(0, n, self.window)):
+                positions = order[start:start + self.window]
+                held = carry_counts + self.counts[:, positions].sum(axis=1)
+                schedule = round_schedule(held, self.micro_batch).astype(np.int8)
+                carry_counts = held - np.bincount(schedule.ravel(), minlength=self.num_strata)
+                rounds.append(Round(k, first, schedule, positions))
+                first += len(schedule)
+            self._cache = {epoch: rounds}  # the current epoch only
         return self._cache[epoch]
 
     def batches_in_epoch(self, epoch: int) -> int:
-        return sum(len(r.plan) for r in self.rounds(epoch))
+        return sum(r.batches for r in self.rounds(epoch))
 
-    def _plan_epoch(self, epoch: int) -> list[Round]:
-        n = self.counts.shape[1]
-        order = np.random.default_rng([self.seed, epoch]).permutation(n)  # the same on every rank
+    def plans(self, epoch: int):
+        """Each round's sample ids, in order: a round's pool per stratum is what was carried in
+        and its shards' samples, shuffled; the first `take` fill the schedule, the rest carry on."""
         own = self.shares[self.rank]
-        carry_counts = np.zeros((self.counts.shape[0], self.num_strata), dtype=np.int64)
         carry = [np.zeros(0, dtype=np.int64) for _ in range(self.num_strata)]
-        rounds, first = [], 0
-        for k, start in enumerate(range(0, n, self.window)):
-            positions = order[start:start + self.window]
-            held = carry_counts + self.counts[:, positions].sum(axis=1)
-            schedule = round_schedule(held, self.micro_batch)
-            take = np.bincount(schedule.ravel(), minlength=self.num_strata)
-            carry_counts = held - take
-            rng = np.random.default_rng([self.seed, epoch, self.rank, k])
-            plan = np.empty(schedule.shape, dtype=np.int64)
+        for rnd in self.rounds(epoch):
+            rng = np.random.default_rng([self.seed, epoch, self.rank, rnd.index])
+            plan = np.empty(rnd.schedule.shape, dtype=np.int64)
             carried_in = np.concatenate(carry)
             for s in range(self.num_strata):
-                pool = np.concatenate([carry[s], *(own[p].ids(s) for p in positions)])
+                slots = rnd.schedule == s
+                take = int(slots.sum())
+                pool = np.concatenate([carry[s], *(own[p].ids(s) for p in rnd.positions)])
                 pool = pool[rng.permutation(len(pool))]
-                plan[schedule == s] = pool[:take[s]]
-                carry[s] = pool[take[s]:]
-            rounds.append(Round(k, first, [own[p].shard for p in positions], plan, carried_in,
-                                np.concatenate(carry)))
-            first += len(schedule)
-        return rounds
+                plan[slots] = pool[:take]
+                carry[s] = pool[take:]
+            yield RoundPlan(rnd, [own[p].shard for p in rnd.positions], plan, carried_in, np.concatenate(carry))
 
 
 class ShardReader:
@@ -352,7 +373,7 @@ class TrainingBatches:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
 
-    def round_arrays(self, rnd: Round, kept: tuple[np.ndarray, dict] | None) -> tuple[np.ndarray, dict]:
+    def round_arrays(self, rnd: RoundPlan, kept: tuple[np.ndarray, dict] | None) -> tuple[np.ndarray, dict]:
         """The round's samples (those it trains and those it carries on), sorted by id."""
         ids = np.unique(np.concatenate([rnd.plan.ravel(), rnd.carried_out]))
         return ids, self.reader.gather(ids, kept)
@@ -360,15 +381,16 @@ class TrainingBatches:
     def __iter__(self):
         kept = None  # the samples carried out of the previous round, with their arrays
         while True:
-            for rnd in self.stream.rounds(self.epoch):
-                if self.batch >= rnd.first_batch + len(rnd.plan) and (len(rnd.plan) or self.batch > rnd.first_batch):
+            for rnd in self.stream.plans(self.epoch):
+                first, batches = rnd.round.first_batch, rnd.round.batches
+                if self.batch >= first + batches and (batches or self.batch > first):
                     kept = None  # a resumed run skips the rounds it trained; gather finds their carry
                     continue
                 ids, arrays = self.round_arrays(rnd, kept)
                 kept = None
                 maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static)
-                dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), rnd.first_batch,
-                                          self.batch - rnd.first_batch, (self.epoch, self.rank))
+                dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), first,
+                                          self.batch - first, (self.epoch, self.rank))
                 # its own generator: a loader drawing its worker seed from the global RNG would shift
                 # dropout after a resume, which creates the loader at another point of the run
                 loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,

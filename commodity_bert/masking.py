@@ -59,7 +59,11 @@ def mask_rows(tokens: np.ndarray, lengths: np.ndarray, *, rng: np.random.Generat
                                 candidates.sum(axis=1)).astype(np.int64)
     keys = rng.random((n, width))
     keys[~candidates] = 2.0  # after every candidate: a random order of the candidates comes first
-    first = np.argsort(keys, axis=1, kind="stable")[:, :max_predictions]
+    # the max_predictions smallest keys of each row, then in key order (a partition, not a sort
+    # of all `width`); a row takes the first num_to_predict of them
+    take = min(max_predictions, width)
+    first = np.argpartition(keys, take - 1, axis=1)[:, :take] if take < width else np.arange(width)[None, :].repeat(n, 0)
+    first = np.take_along_axis(first, np.argsort(np.take_along_axis(keys, first, axis=1), axis=1), axis=1)
     chosen = np.arange(first.shape[1])[None, :] < num_to_predict[:, None]
     positions = np.sort(np.where(chosen, first, width), axis=1)
     taken = positions < width

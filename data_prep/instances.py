@@ -54,7 +54,27 @@ def _truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random
     return trim(a, cut_a), trim(b, cut_b)
 
 
-def _random_other(pool: list[list[np.ndarray]], own: int, rng: np.random.Generator):
+@dataclass
+class FlatDocument:
+    """A tokenized document as one array and its sentence bounds: segments are slices of it, so
+    building an instance copies tokens once instead of concatenating sentences."""
+    tokens: np.ndarray
+    bounds: list[int]  # sentence k is tokens[bounds[k]:bounds[k + 1]]
+
+    @classmethod
+    def of(cls, sentences: list[np.ndarray]) -> FlatDocument:
+        lengths = [len(s) for s in sentences]
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
+        tokens = np.concatenate(sentences) if sentences else np.zeros(0, dtype=np.int32)
+        return cls(tokens, bounds)
+
+    def __len__(self) -> int:  # sentences
+        return len(self.bounds) - 1
+
+
+def _random_other(pool: list, own: int, rng: np.random.Generator):
     """A random document of `pool` other than pool[own] (the document itself if alone)."""
     if len(pool) < 2:
         return pool[own]
@@ -62,42 +82,39 @@ def _random_other(pool: list[list[np.ndarray]], own: int, rng: np.random.Generat
     return pool[pick + (pick >= own)]
 
 
-def nsp_instances(pool: list[list[np.ndarray]], own: int, spec: InstanceSpec,
+def nsp_instances(pool: list[FlatDocument], own: int, spec: InstanceSpec,
                   rng: np.random.Generator) -> list[Instance]:
     """Pairs from document pool[own]; random next segments come from the pool's others."""
     document = pool[own]
+    bounds, sentences = document.bounds, len(document)
     max_tokens = spec.seq_len - 3
     instances: list[Instance] = []
-    chunk: list[np.ndarray] = []
-    chunk_len = 0
+    first = 0  # the chunk is sentences first..i
     target = _target_length(rng, max_tokens, spec.short_seq_prob)
     i = 0
-    while i < len(document):
-        chunk.append(document[i])
-        chunk_len += len(document[i])
-        if i == len(document) - 1 or chunk_len >= target:
-            a_end = int(rng.integers(1, len(chunk))) if len(chunk) >= 2 else 1
-            tokens_a = np.concatenate(chunk[:a_end])
-            if len(chunk) == 1 or rng.random() < 0.5:
+    while i < sentences:
+        chunk_len = bounds[i + 1] - bounds[first]
+        if i == sentences - 1 or chunk_len >= target:
+            chunk = i + 1 - first
+            a_end = int(rng.integers(1, chunk)) if chunk >= 2 else 1
+            tokens_a = document.tokens[bounds[first]:bounds[first + a_end]]
+            if chunk == 1 or rng.random() < 0.5:
                 random_next = 1
                 source = _random_other(pool, own, rng)
                 start = int(rng.integers(len(source)))
-                pieces, have = [], 0
-                for sentence in source[start:]:
-                    pieces.append(sentence)
-                    have += len(sentence)
-                    if have >= target - len(tokens_a):
-                        break
-                tokens_b = np.concatenate(pieces)
-                i -= len(chunk) - a_end  # the unused sentences start the next instance
+                need, end = target - len(tokens_a), start + 1
+                while end < len(source) and source.bounds[end] - source.bounds[start] < need:
+                    end += 1
+                tokens_b = source.tokens[source.bounds[start]:source.bounds[end]]
+                i -= chunk - a_end  # the unused sentences start the next instance
             else:
                 random_next = 0
-                tokens_b = np.concatenate(chunk[a_end:])
+                tokens_b = document.tokens[bounds[first + a_end]:bounds[i + 1]]
             tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_tokens, rng)
             if len(tokens_a) and len(tokens_b):
                 tokens = np.concatenate(([spec.cls_id], tokens_a, [spec.sep_id], tokens_b, [spec.sep_id]))
                 instances.append(Instance(tokens, len(tokens_a) + 2, random_next))
-            chunk, chunk_len = [], 0
+            first = i + 1
             target = _target_length(rng, max_tokens, spec.short_seq_prob)
         i += 1
     return instances

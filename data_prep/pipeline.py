@@ -40,7 +40,7 @@ from commodity_bert.vocab import Vocab
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
-from data_prep.instances import InstanceSpec, nsp_instances, packed_instances
+from data_prep.instances import FlatDocument, InstanceSpec, nsp_instances, packed_instances
 from data_prep.sentences import document_sentences
 
 BATCH_CHARS = 1 << 20
@@ -174,10 +174,11 @@ def process_batch(first_doc_index: int, documents: list[list[str]]) -> dict:
         result["tokens_in"] += sum(len(s) for doc in pool for s in doc)
         # held-out documents are masked once, statically, so evaluation is repeatable
         dupes = cfg.dupe_factor if split == "train" else 1
+        flat_pool = [FlatDocument.of(doc) for doc in pool] if cfg.nsp else []
         for own, i in enumerate(indices):
             for dupe in range(dupes):
                 rng = np.random.default_rng([cfg.seed, first_doc_index + i, dupe])
-                made = (nsp_instances(pool, own, _worker["spec"], rng) if cfg.nsp
+                made = (nsp_instances(flat_pool, own, _worker["spec"], rng) if cfg.nsp
                         else packed_instances(pool[own], _worker["spec"], rng))
                 per_split[split][0].extend(made)
                 per_split[split][1].extend([rng] * len(made))

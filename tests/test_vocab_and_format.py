@@ -7,7 +7,7 @@ from conftest import REPO, SHARED_CORPORA, run_cli
 from commodity_bert import shard_format as fmt
 from commodity_bert.masking import mask_sequence
 from commodity_bert.vocab import Vocab
-from data_prep.instances import InstanceSpec, nsp_instances, packed_instances
+from data_prep.instances import FlatDocument, InstanceSpec, nsp_instances, packed_instances
 from data_prep.sentences import document_sentences
 
 
@@ -87,7 +87,7 @@ def test_instances_fit_and_keep_the_text(sotu_small):
     vocab, docs = _tokenized_speech(sotu_small, 3)
     spec = InstanceSpec(128, 0.1, vocab.id("[CLS]"), vocab.id("[SEP]"))
     rng = np.random.default_rng(0)
-    pairs = nsp_instances(docs, 0, spec, rng)
+    pairs = nsp_instances([FlatDocument.of(d) for d in docs], 0, spec, rng)
     assert all(len(i.tokens) <= 128 and i.tokens[0] == spec.cls_id and i.tokens[-1] == spec.sep_id
                and i.tokens[i.segment_a - 1] == spec.sep_id for i in pairs)
     continuations = [i for i in pairs if not i.random_next]
