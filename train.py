@@ -390,6 +390,9 @@ def main() -> None:
     except checkpoint.CheckpointError as exc:
         data_iter.close()
         fail(str(exc), status=3)
+    except DataError as exc:  # a shard changed on disk since the start; the launcher stops the others
+        data_iter.close()
+        fail(str(exc), everyone=True)
     # Stop the loader workers now: they ignore SIGTERM (see data.py), so if anything (a compiled
     # graph did) keeps the loader alive until interpreter exit, multiprocessing's exit handler
     # would wait on them for ever.

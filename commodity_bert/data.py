@@ -34,6 +34,15 @@ class DataError(Exception):
     pass
 
 
+def check_shard_file(path: Path, sha256: str | None) -> None:
+    """The shard is there and, given the manifest's sha256, holds the bytes that were written."""
+    if not path.is_file():
+        raise DataError(f"shard {path} is missing; re-run bert-data-prep shards with the same arguments")
+    if sha256 is not None and fmt.sha256_file(path) != sha256:
+        raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
+                        f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
+
+
 def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str, np.ndarray]:
     """The arrays of several shards, concatenated (input_mask is rebuilt from lengths). With
     `sha256s` (the manifest's), a shard whose bytes differ from what was written is refused: it
@@ -42,14 +51,13 @@ def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str
     parts = []
     for i, path in enumerate(paths):
         if not path.is_file():
-            raise DataError(f"shard {path} is missing; re-run bert-data-prep shards with the same arguments")
+            check_shard_file(path, None)
         try:
             arrays = fmt.read_shard(path)
         except fmt.ShardFormatError as exc:
             raise DataError(str(exc)) from exc
-        if sha256s is not None and fmt.sha256_file(path) != sha256s[i]:
-            raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
-                            f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
+        if sha256s is not None:
+            check_shard_file(path, sha256s[i])
         parts.append({k: arrays[k] for k in ARRAY_KEYS if k in arrays})
         del arrays
     if len(parts) == 1:  # a streamed shard: no second copy
@@ -362,6 +370,11 @@ class TrainingBatches:
                  seed: int, num_workers: int, shards_in_memory: int = SHARDS_IN_MEMORY):
         self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data_dir))
         self.reader = ShardReader(data_dir, manifest)
+        # every shard this rank will read, checked now: a missing or changed one stops the launch
+        # in one line from every rank, before a step, not one rank hours later (each is checked
+        # again when its round loads it)
+        for share in self.stream.shares[rank]:
+            check_shard_file(self.reader.paths[share.shard], self.reader.entries[share.shard]["sha256"])
         self.manifest, self.vocab = manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
         self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
