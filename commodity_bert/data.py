@@ -39,6 +39,10 @@ def check_shard_file(path: Path, sha256: str | None) -> None:
     if not path.is_file():
         raise DataError(f"shard {path} is missing; re-run bert-data-prep shards with the same arguments")
     if sha256 is not None and fmt.sha256_file(path) != sha256:
+        try:  # the more telling of the two: not a shard at all, or another shard's samples
+            fmt.read_shard(path)
+        except fmt.ShardFormatError as exc:
+            raise DataError(str(exc)) from exc
         raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
                         f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
 
