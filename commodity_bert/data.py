@@ -146,15 +146,6 @@ def round_schedule(rank_counts: np.ndarray, micro_batch: int) -> np.ndarray:
     return spread_strata(take, micro_batch)
 
 
-def epoch_schedule(rank_counts: np.ndarray, micro_batch: int, where: str) -> np.ndarray:
-    """`round_schedule` over a whole epoch held at once; too few samples for one batch is an error."""
-    schedule = round_schedule(rank_counts, micro_batch)
-    if len(schedule) == 0:
-        raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
-                        f"{len(rank_counts)} ranks; make more data or use a smaller micro-batch")
-    return schedule
-
-
 @dataclass
 class Round:
     """Part of an epoch trained from a few shards in memory (and the samples carried into it)."""

@@ -15,7 +15,7 @@ from commodity_bert.data import (
     ID_STRATUM,
     BatchMaker,
     TrainingBatches,
-    epoch_schedule,
+    round_schedule,
     spread_strata,
     validation_batches,
 )
@@ -130,7 +130,7 @@ def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world
 def test_a_stratum_too_small_for_one_sample_per_batch_still_trains_every_epoch():
     # the shares [.03, .03, .04, .90] at micro-batch 16 rounded to [1, 0, 1, 14] per batch
     counts = np.array([[30, 30, 40, 900], [31, 30, 40, 899]])
-    schedule = epoch_schedule(counts, 16, "test")
+    schedule = round_schedule(counts, 16)
     per_stratum = np.bincount(schedule.ravel(), minlength=4)
     assert per_stratum.sum() == len(schedule) * 16 == 992
     assert (per_stratum >= counts.min(axis=0) - 16).all() and per_stratum[1] >= 29  # all but < one batch
