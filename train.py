@@ -31,7 +31,7 @@ from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.bytes_counter import BytesCounter
 from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, validation_batches
-from commodity_bert.deepspeed_shm import clear_stale_build_lock, release_deepspeed_shm_buffer
+from commodity_bert.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
 from commodity_bert.finetune.cli import UsageError
 from commodity_bert.finetune.tasks import TaskError
@@ -163,8 +163,7 @@ def main() -> None:
         # DeepSpeed's --bind_cores_to_rank does this split too, but needs numactl
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     if not on_cuda and os.environ.get("LOCAL_RANK", "0") == "0":
-        stale = clear_stale_build_lock()  # else init_distributed would wait on it for ever
-        if stale:
+        for stale in clear_stale_build_locks():  # else init_distributed would wait on it for ever
             print(f"removed {stale}: an interrupted compile of DeepSpeed's CPU op left it", flush=True)
     deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo",
                                timeout=timedelta(minutes=args.dist_timeout_minutes))

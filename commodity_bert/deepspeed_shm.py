@@ -1,12 +1,15 @@
-"""Workarounds for DeepSpeed's CPU shared-memory allreduce op (`deepspeed_shm_comm`).
+"""Workarounds for DeepSpeed's JIT-compiled CPU ops: its shared-memory allreduce
+(`deepspeed_shm_comm`) and its CPU Adam (`fused_adam`).
 
-DeepSpeed JIT-compiles this op inside `deepspeed.init_distributed` on every CPU rank, the
-first time on a machine. Two things about that hurt users, and are handled here:
-- its buffers are never freed (`release_deepspeed_shm_buffer`);
+DeepSpeed compiles the first inside `deepspeed.init_distributed` on every CPU rank, and the
+second inside `deepspeed.initialize` when a config names Adam or AdamW, the first time on a
+machine: ~50 s each on 2 cores, in every rank at once, with no message. Things about that
+hurt users, and are handled here:
+- the shm op's buffers are never freed (`release_deepspeed_shm_buffer`);
 - the compile is guarded by torch's lock file, which a killed compile (Ctrl-C in the first
   minute of a first launch, a preempted job) leaves behind: every later launch then waits on
-  it for ever, silently (`clear_stale_build_lock`). `python -m commodity_bert.deepspeed_shm`,
-  run by recipes/setup_env.sh, builds it once, in one process, before any launch.
+  it for ever, silently (`clear_stale_build_locks`). `python -m commodity_bert.deepspeed_shm`,
+  run by recipes/setup_env.sh, builds both once, in one process, before any launch.
 """
 from __future__ import annotations
 
@@ -30,17 +33,24 @@ def release_deepspeed_shm_buffer(rank: int) -> None:
         os.unlink(os.path.join("/dev/shm", name))
 
 
-def _shm_op_builder():
-    """DeepSpeed's builder for the op, or None where DeepSpeed would not use it (GPUs, non-Linux)."""
+# what each builds, for messages
+CPU_OPS = {"ShareMemCommBuilder": "CPU shm allreduce op", "FusedAdamBuilder": "CPU Adam op"}
+
+
+def _cpu_op_builders() -> dict:
+    """DeepSpeed's builders of the CPU ops a training may compile, by message name; empty where
+    DeepSpeed would compile none of them (GPUs: their ops are CUDA builds of another kind)."""
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() != "cpu":
-        return None
-    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-        return None
-    return builder
+        return {}
+    builders = {}
+    for builder_name, what in CPU_OPS.items():
+        builder = get_accelerator().create_op_builder(builder_name)
+        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+            builders[what] = builder
+    return builders
 
 
 def _held_open(path: Path) -> bool:
@@ -57,36 +67,38 @@ def _held_open(path: Path) -> bool:
     return False
 
 
-def clear_stale_build_lock() -> Path | None:
-    """Remove the op's build lock if no process holds it; returns the path removed, if any."""
+def clear_stale_build_locks() -> list[Path]:
+    """Remove the ops' build locks that no process holds; returns the paths removed."""
     if not sys.platform.startswith("linux"):
-        return None
-    builder = _shm_op_builder()
-    if builder is None:
-        return None
+        return []
     from torch.utils.cpp_extension import _get_build_directory
 
-    lock = Path(_get_build_directory(builder.NAME, verbose=False)) / "lock"
-    if lock.exists() and not _held_open(lock):
-        with contextlib.suppress(FileNotFoundError):
-            lock.unlink()
-            return lock
-    return None
+    removed = []
+    for builder in _cpu_op_builders().values():
+        lock = Path(_get_build_directory(builder.NAME, verbose=False)) / "lock"
+        if lock.exists() and not _held_open(lock):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+                removed.append(lock)
+    return removed
 
 
-def build_shm_op() -> str:
-    """Compile (or find compiled) the op now, in this one process; says what it did."""
-    builder = _shm_op_builder()
-    if builder is None:
-        return "DeepSpeed's CPU shm allreduce op: not used here (no CPU accelerator or not compatible)"
-    removed = clear_stale_build_lock()
-    try:
-        builder.load(verbose=False)
-    except Exception as exc:  # noqa: BLE001 - a compiler problem; the first launch will meet it again
-        return f"warning: DeepSpeed's CPU shm allreduce op did not build ({type(exc).__name__}: {exc})"
-    note = f" (removed a stale build lock, {removed})" if removed else ""
-    return f"DeepSpeed's CPU shm allreduce op: built{note}"
+def build_cpu_ops() -> list[str]:
+    """Compile (or find compiled) the ops now, in this one process; a line on what it did for each."""
+    builders = _cpu_op_builders()
+    if not builders:
+        return ["DeepSpeed's CPU ops: not used here (no CPU accelerator, or not compatible)"]
+    removed = clear_stale_build_locks()
+    lines = [f"removed a stale build lock, {lock}" for lock in removed]
+    for what, builder in builders.items():
+        try:
+            builder.load(verbose=False)
+        except Exception as exc:  # noqa: BLE001 - a compiler problem; the first launch will meet it again
+            lines.append(f"warning: DeepSpeed's {what} did not build ({type(exc).__name__}: {exc})")
+        else:
+            lines.append(f"DeepSpeed's {what}: built")
+    return lines
 
 
 if __name__ == "__main__":
-    print(build_shm_op())
+    print("\n".join(build_cpu_ops()))

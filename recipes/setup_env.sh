@@ -22,6 +22,7 @@ $PIP install --upgrade pip setuptools wheel
 # --no-build-isolation: DeepSpeed's build must see the torch installed above
 $PIP install --no-build-isolation -e ".[$EXTRAS]"
 "$VENV/bin/python" -c "import torch, deepspeed, transformers, h5py; print(f'environment ready: torch {torch.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}')"
-# DeepSpeed compiles its CPU allreduce op at the first launch, in every rank at once; once here,
-# in one process, the first training starts at once (and a stale lock from a killed compile goes)
+# DeepSpeed compiles its CPU allreduce op (and CPU Adam, for Adam configs) at the first launch, in
+# every rank at once, ~50 s each on 2 cores, silently; once here, in one process, the first
+# training starts at once (and a stale lock from a killed compile goes)
 "$VENV/bin/python" -m commodity_bert.deepspeed_shm

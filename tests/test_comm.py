@@ -258,20 +258,22 @@ def test_a_killed_compiles_lock_is_removed_and_a_live_one_kept(tmp_path, monkeyp
     import subprocess
     import sys
 
-    from commodity_bert.deepspeed_shm import clear_stale_build_lock
+    from commodity_bert.deepspeed_shm import clear_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
-    lock.parent.mkdir()
-    lock.touch()  # what a compile killed mid-way leaves: the file, no process holding it
-    assert clear_stale_build_lock() == lock and not lock.exists()
+    locks = [tmp_path / op / "lock" for op in ("deepspeed_shm_comm", "fused_adam")]
+    for lock in locks:
+        lock.parent.mkdir()
+        lock.touch()  # what a compile killed mid-way leaves: the file, no process holding it
+    assert sorted(clear_stale_build_locks()) == locks and not any(lock.exists() for lock in locks)
+    lock = locks[0]
 
     lock.touch()  # a compile in progress: torch's FileBaton keeps the lock's fd open
     holder = subprocess.Popen([sys.executable, "-c", f"import os, time; os.open({str(lock)!r}, os.O_RDONLY); "
                                "print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert clear_stale_build_lock() is None and lock.exists()
+        assert clear_stale_build_locks() == [] and lock.exists()
     finally:
         holder.kill()
         holder.wait()
