@@ -30,7 +30,7 @@ from commodity_bert import shard_format as fmt
 from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, validation_batches
+from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
 from commodity_bert.finetune.cli import UsageError
@@ -183,7 +183,7 @@ def main() -> None:
         check_data_against_model(manifest, model_config, args.data)
         batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers,
                                   args.shards_in_memory)
-        val_batches = validation_batches(args.data, manifest, rank, world, micro_batch)
+        val_batches = ValidationBatches(args.data, manifest, rank, world, micro_batch)
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:

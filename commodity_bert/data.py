@@ -57,13 +57,11 @@ def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str
         if not path.is_file():
             check_shard_file(path, None)
         try:
-            arrays = fmt.read_shard(path)
+            parts.append(fmt.read_shard(path, keys=ARRAY_KEYS))
         except fmt.ShardFormatError as exc:
             raise DataError(str(exc)) from exc
         if sha256s is not None:
             check_shard_file(path, sha256s[i])
-        parts.append({k: arrays[k] for k in ARRAY_KEYS if k in arrays})
-        del arrays
     if len(parts) == 1:  # a streamed shard: no second copy
         return parts[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -415,11 +413,47 @@ class TrainingBatches:
             self.epoch, self.batch, kept = self.epoch + 1, 0, None  # an epoch's last few untrained samples
 
 
-def validation_batches(data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int):
-    """This rank's slice of the held-out split (statically masked), in length order."""
-    if not manifest["splits"]["validation"]["shards"] or manifest["splits"]["validation"]["samples"] == 0:
-        return []
-    arrays = load_split(data_dir, manifest, "validation")
-    order = np.argsort(arrays["lengths"], kind="stable")[rank::world]
-    maker = BatchMaker(arrays, manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME), seed=0, static=True)
-    return [maker(order[i:i + micro_batch], ()) for i in range(0, len(order), micro_batch)]
+class ValidationBatches:
+    """This rank's part of the held-out split (statically masked), in length order, as batches
+    made when iterated. The split grows with the data set (1% of documents by default), so a
+    rank keeps only its 1/world of the samples, in the shards' compact dtypes, and reads the
+    shards one at a time to pick them out, never the whole split at once."""
+
+    def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int):
+        self.micro_batch, self.orders, self.maker = micro_batch, np.zeros(0, dtype=np.int64), None
+        split = manifest["splits"]["validation"]
+        if not split["shards"] or split["samples"] == 0:
+            return
+        paths = fmt.shard_paths(data_dir, manifest, "validation")
+        digests = [entry["sha256"] for entry in split["shards"]]
+        sizes = [entry["samples"] for entry in split["shards"]]
+        lengths = []
+        for path in paths:
+            check_shard_file(path, None)
+            try:
+                lengths.append(fmt.read_shard(path, keys=())[fmt.LENGTHS_KEY])
+            except fmt.ShardFormatError as exc:
+                raise DataError(str(exc)) from exc
+        mine = np.argsort(np.concatenate(lengths), kind="stable")[rank::world]  # global ids, length order
+        kept_ids = np.sort(mine)  # kept rows in the shards' order: batches as a whole-split load made them
+        starts = np.cumsum([0, *sizes])
+        kept: dict[str, np.ndarray] = {}
+        for k, path in enumerate(paths):
+            inside = (kept_ids >= starts[k]) & (kept_ids < starts[k + 1])
+            if not inside.any():
+                continue
+            arrays = load_arrays([path], [digests[k]])
+            for key, values in arrays.items():
+                if key not in kept:
+                    kept[key] = np.empty((len(kept_ids), *values.shape[1:]), dtype=values.dtype)
+                kept[key][inside] = values[kept_ids[inside] - starts[k]]
+            del arrays
+        self.orders = np.searchsorted(kept_ids, mine)
+        self.maker = BatchMaker(kept, manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME), seed=0, static=True)
+
+    def __len__(self) -> int:
+        return -(-len(self.orders) // self.micro_batch)
+
+    def __iter__(self):
+        for i in range(0, len(self.orders), self.micro_batch):
+            yield self.maker(self.orders[i:i + self.micro_batch], ())

@@ -43,8 +43,9 @@ MASKED_LM_KEYS = ("masked_lm_positions", "masked_lm_ids")
 LENGTHS_KEY = "lengths"
 
 # gzip (deflate) is the one HDF5 filter every HDF5 build has; shuffle makes the small ints
-# of masks and segment ids compress to almost nothing.
-COMPRESSION = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+# of masks and segment ids compress to almost nothing. Level 1, not 4: a third less of data
+# preparation's writing time for 1.5% more disk (measured on SOTU shards).
+COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
 
 class ShardFormatError(Exception):
@@ -159,20 +160,21 @@ def shard_info_from_file(path: Path, num_strata: int, seq_len: int) -> ShardInfo
                      sha256_file(path), path.stat().st_size)
 
 
-def read_shard(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All arrays of a shard, ours or NVIDIA's. NVIDIA's shards have no `lengths`: it is
-    derived from `input_mask`."""
+def read_shard(path: str | os.PathLike, keys: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of a shard, ours or NVIDIA's: all of them, or `keys` (and `lengths` always).
+    NVIDIA's shards have no `lengths`: it is derived from `input_mask`."""
     try:
         with h5py.File(path, "r") as f:
             missing = [k for k in NVIDIA_KEYS if k not in f and k not in MASKED_LM_KEYS]
             if missing:
                 raise ShardFormatError(f"{path}: not a BERT pretraining shard, keys {missing} missing")
-            arrays = {k: f[k][:] for k in (*NVIDIA_KEYS, LENGTHS_KEY) if k in f}
+            wanted = (*NVIDIA_KEYS, LENGTHS_KEY) if keys is None else (*keys, LENGTHS_KEY)
+            arrays = {k: f[k][:] for k in wanted if k in f}
+            if LENGTHS_KEY not in arrays:
+                arrays[LENGTHS_KEY] = f["input_mask"][:].sum(axis=1).astype(np.int16)
     except OSError as exc:
         raise ShardFormatError(f"{path}: cannot be read as HDF5 ({exc}); re-create it with "
                                f"bert-data-prep shards") from exc
-    if LENGTHS_KEY not in arrays:
-        arrays[LENGTHS_KEY] = arrays["input_mask"].sum(axis=1).astype(np.int16)
     return arrays
 
 

@@ -40,14 +40,15 @@ from commodity_bert.vocab import Vocab
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
-from data_prep.instances import FlatDocument, InstanceSpec, nsp_instances, packed_instances
+from data_prep.instances import (InstanceSpec, TokenPool, instance_rng, nsp_instances, packed_instances,
+                                 token_rows)
 from data_prep.sentences import document_sentences
 
 BATCH_CHARS = 1 << 20
 BATCH_MAX_DOCS = 4096
 BUCKET_BUFFER_BYTES = 16 << 20
 WORK_DIR = ".work"
-MASKING_STREAM = 2**32 - 1  # in a batch's masking seed: apart from the (seed, document, dupe) seeds
+MASKING_STREAM = 2**32 - 1  # in a batch's masking seed: a stream of its own
 SPLITS = ("train", "validation")
 
 
@@ -111,82 +112,72 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
     )
 
 
-def _tokenize(documents: list[list[str]]) -> list[list[np.ndarray]]:
+def _tokenize(documents: list[list[str]]) -> TokenPool:
+    """A batch's documents as one pool of token ids; empty sentences are dropped."""
     sentences_per_doc = [document_sentences(doc) for doc in documents]
-    flat = [s for sents in sentences_per_doc for s in sents]
-    encoded = _worker["tokenizer"].encode(flat)
-    out, pos = [], 0
+    ids, lengths = _worker["tokenizer"].encode_flat([s for sents in sentences_per_doc for s in sents])
+    ends = np.cumsum(lengths).tolist()
+    bounds, sentence = [], 0
     for sents in sentences_per_doc:
-        ids = encoded[pos:pos + len(sents)]
-        pos += len(sents)
-        out.append([s for s in ids if len(s)])
-    return out
+        doc = [ends[sentence - 1] if sentence else 0]
+        for end in ends[sentence:sentence + len(sents)]:
+            if end > doc[-1]:
+                doc.append(end)
+        sentence += len(sents)
+        bounds.append(doc)
+    return TokenPool(ids, bounds)
 
 
-def _to_records(instances, rng_list, static: bool, masking_rng: np.random.Generator) -> np.ndarray:
-    """Instances → records, all rows at once; static masking in one numpy pass (`mask_rows`),
-    drawn from `masking_rng`, except whole-word masking, which masks row by row with each
-    instance's own generator."""
+def _to_records(pool: TokenPool, rows: list, static: bool, masking_rng: np.random.Generator) -> np.ndarray:
+    """Instances → records, all rows at once; static masking in one numpy pass (`mask_rows`).
+    Whole-word masking masks row by row; both draw from `masking_rng`."""
     cfg: PrepConfig = _worker["config"]
-    dtype = _worker["dtype_static"] if static else _worker["dtype_dynamic"]
-    records = np.zeros(len(instances), dtype=dtype)
-    if not instances:
+    records = np.zeros(len(rows), dtype=_worker["dtype_static"] if static else _worker["dtype_dynamic"])
+    if not rows:
         return records
-    lengths = np.array([len(inst.tokens) for inst in instances], dtype=np.int64)
-    rows = np.repeat(np.arange(len(instances)), lengths)
-    cols = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    tokens = np.zeros((len(instances), cfg.seq_len), dtype=records["tokens"].dtype)
-    tokens[rows, cols] = np.concatenate([inst.tokens for inst in instances])
+    tokens, lengths, segment_a, random_next = token_rows(pool, rows, _worker["spec"], cfg.nsp)
+    masking = dict(mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions, mask_id=_worker["mask_id"],
+                   is_special=_worker["is_special"], replacement_ids=_worker["replacement_ids"])
     if static and _worker["continuation"] is None:
         tokens, records["masked_positions"], records["masked_ids"] = mask_rows(
-            tokens, lengths, rng=masking_rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
-            mask_id=_worker["mask_id"], is_special=_worker["is_special"],
-            replacement_ids=_worker["replacement_ids"])
+            tokens, lengths, rng=masking_rng, **masking)
     elif static:
-        for row, (inst, rng) in enumerate(zip(instances, rng_list)):
+        for row, length in enumerate(lengths):
             masked, positions, originals = mask_sequence(
-                inst.tokens, rng=rng, mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
-                mask_id=_worker["mask_id"], is_special=_worker["is_special"],
-                replacement_ids=_worker["replacement_ids"], continuation=_worker["continuation"])
-            tokens[row, :len(masked)] = masked
+                tokens[row, :length], rng=masking_rng, continuation=_worker["continuation"], **masking)
+            tokens[row, :length] = masked
             records["masked_positions"][row, :len(positions)] = positions
             records["masked_ids"][row, :len(positions)] = originals
     records["tokens"] = tokens
     records["length"] = lengths
-    records["segment_a"] = [inst.segment_a for inst in instances]
-    records["random_next"] = [inst.random_next for inst in instances]
+    records["segment_a"] = segment_a
+    records["random_next"] = random_next
     return records
 
 
 def process_batch(first_doc_index: int, documents: list[list[str]]) -> dict:
     """One batch of documents → masked (or unmasked) records for each split."""
     cfg: PrepConfig = _worker["config"]
-    tokenized = _tokenize(documents)
+    pool = _tokenize(documents)
     split_of = ["validation" if is_validation_document(cfg.seed, first_doc_index + i, cfg.val_fraction)
                 else "train" for i in range(len(documents))]
     result = {"documents": {s: 0 for s in SPLITS}, "tokens_in": 0}
-    per_split: dict[str, tuple[list, list]] = {s: ([], []) for s in SPLITS}
-    for split in SPLITS:
+    build = nsp_instances if cfg.nsp else packed_instances
+    for number, split in enumerate(SPLITS):
         # random next segments come from other documents of the same split and batch
-        indices = [i for i, doc in enumerate(tokenized) if doc and split_of[i] == split]
-        pool = [tokenized[i] for i in indices]
+        indices = [i for i, doc in enumerate(pool.bounds) if len(doc) > 1 and split_of[i] == split]
+        split_pool = pool.subset(indices)
         result["documents"][split] = len(indices)
-        result["tokens_in"] += sum(len(s) for doc in pool for s in doc)
+        result["tokens_in"] += sum(doc[-1] - doc[0] for doc in split_pool.bounds)
         # held-out documents are masked once, statically, so evaluation is repeatable
         dupes = cfg.dupe_factor if split == "train" else 1
-        flat_pool = [FlatDocument.of(doc) for doc in pool] if cfg.nsp else []
+        rows: list = []
         for own, i in enumerate(indices):
             for dupe in range(dupes):
-                rng = np.random.default_rng([cfg.seed, first_doc_index + i, dupe])
-                made = (nsp_instances(flat_pool, own, _worker["spec"], rng) if cfg.nsp
-                        else packed_instances(pool[own], _worker["spec"], rng))
-                per_split[split][0].extend(made)
-                per_split[split][1].extend([rng] * len(made))
-    for number, split in enumerate(SPLITS):
-        instances, rngs = per_split[split]
+                build(split_pool, own, _worker["spec"], instance_rng(cfg.seed, first_doc_index + i, dupe), rows)
         # one generator per batch and split: batches are cut by the main process, whatever the workers
         masking_rng = np.random.default_rng([cfg.seed, first_doc_index, MASKING_STREAM, number])
-        result[split] = _to_records(instances, rngs, cfg.static or split == "validation", masking_rng)
+        result[split] = _to_records(split_pool, rows, cfg.static or split == "validation", masking_rng)
     return result
 
 

@@ -29,8 +29,10 @@ def assert_stratified(data_dir, split="train"):
         strata = np.bincount(fmt.stratum_of(lengths, manifest["seq_len"], manifest["num_strata"]),
                              minlength=manifest["num_strata"])
         sizes.append(len(lengths))
-        assert np.all(np.abs(strata - len(lengths) * shares) <= 1 + 1e-9), (path, strata, shares)
-        assert np.all((strata == counts // num) | (strata == -(-counts // num)))
+        # each stratum ⌊n_s/K⌋ or ⌈n_s/K⌉ (exact), so within 1 of n_s/K; a shard's size is N/K ± 1,
+        # so its size × the share is n_s/K ± share
+        assert np.all((strata == counts // num) | (strata == -(-counts // num))), (path, strata, counts)
+        assert np.all(np.abs(strata - len(lengths) * shares) <= 1 + shares + 1e-9), (path, strata, shares)
         key = fmt.stratum_of(lengths, manifest["seq_len"], manifest["num_strata"]) * 10_000 + lengths
         assert np.all(np.diff(key) >= 0), "not ordered by stratum, then length"
     assert max(sizes) - min(sizes) <= 1

@@ -1,4 +1,6 @@
 """Vocabulary training, NVIDIA interoperability of the shard format, instance and masking rules."""
+import random
+
 import h5py
 import numpy as np
 import pytest
@@ -7,7 +9,7 @@ from conftest import REPO, SHARED_CORPORA, run_cli
 from commodity_bert import shard_format as fmt
 from commodity_bert.masking import mask_sequence
 from commodity_bert.vocab import Vocab
-from data_prep.instances import FlatDocument, InstanceSpec, nsp_instances, packed_instances
+from data_prep.instances import InstanceSpec, TokenPool, nsp_instances, packed_instances, token_rows
 from data_prep.sentences import document_sentences
 
 
@@ -86,18 +88,32 @@ def _tokenized_speech(sotu_small, n):
 def test_instances_fit_and_keep_the_text(sotu_small):
     vocab, docs = _tokenized_speech(sotu_small, 3)
     spec = InstanceSpec(128, 0.1, vocab.id("[CLS]"), vocab.id("[SEP]"))
-    rng = np.random.default_rng(0)
-    pairs = nsp_instances([FlatDocument.of(d) for d in docs], 0, spec, rng)
-    assert all(len(i.tokens) <= 128 and i.tokens[0] == spec.cls_id and i.tokens[-1] == spec.sep_id
-               and i.tokens[i.segment_a - 1] == spec.sep_id for i in pairs)
-    continuations = [i for i in pairs if not i.random_next]
-    assert 0.3 < len(continuations) / len(pairs) < 0.7
+    rng = random.Random(0)
+    pool, rows = TokenPool.of(docs), []
+    nsp_instances(pool, 0, spec, rng, rows)
+    tokens, lengths, segment_a, random_next = token_rows(pool, rows, spec, nsp=True)
+    assert np.all(lengths <= 128) and np.all(tokens[:, 0] == spec.cls_id)
+    assert np.all(tokens[np.arange(len(rows)), lengths - 1] == spec.sep_id)
+    assert np.all(tokens[np.arange(len(rows)), segment_a - 1] == spec.sep_id)
+    assert np.all(tokens[np.arange(128)[None, :] >= lengths[:, None]] == 0)  # padding
+    assert 0.3 < 1 - random_next.mean() < 0.7  # continuations
+    # a continuation's A and B are runs of document 0's text, B after A
+    text = pool.tokens[pool.bounds[0][0]:pool.bounds[0][-1]].tolist()
+
+    def found(run, after=0):
+        return next(k for k in range(after, len(text) - len(run) + 1) if text[k:k + len(run)] == run)
+    for row in np.flatnonzero(random_next == 0)[:20]:
+        a = tokens[row, 1:segment_a[row] - 1].tolist()
+        found(tokens[row, segment_a[row]:lengths[row] - 1].tolist(), after=found(a) + len(a))
     spec_packed = InstanceSpec(128, 0.0, spec.cls_id, spec.sep_id)
-    packed = packed_instances(docs[0], spec_packed, rng)
+    rows = []
+    packed_instances(pool, 0, spec_packed, rng, rows)
+    tokens, lengths, segment_a, random_next = token_rows(pool, rows, spec_packed, nsp=False)
     # packing without NSP keeps every token of the document, in order
-    body = np.concatenate([i.tokens[1:-1] for i in packed])
+    body = np.concatenate([tokens[r, 1:lengths[r] - 1] for r in range(len(rows))])
     assert np.array_equal(body, np.concatenate(docs[0]))
-    assert np.mean([len(i.tokens) for i in packed]) > 100
+    assert np.array_equal(segment_a, lengths) and not random_next.any()
+    assert lengths.mean() > 100
 
 
 def test_mask_sequence_budget_and_specials():
@@ -117,21 +133,22 @@ def test_mask_sequence_budget_and_specials():
 
 def test_truncate_pair_trims_the_longer_segment_first():
     from data_prep.instances import _truncate_pair
-    rng = np.random.default_rng(0)
-    a, b = np.arange(10), np.arange(100, 400)
-    ta, tb = _truncate_pair(a, b, 125, rng)
-    assert len(ta) == 10 and len(tb) == 115 and np.all(np.diff(tb) == 1)  # a contiguous run of b
-    ta, tb = _truncate_pair(np.arange(90), np.arange(91), 125, rng)
-    assert (len(ta), len(tb)) == (63, 62)  # b loses 1 to equal a, then b, a, b, ... lose one each
-    ta, tb = _truncate_pair(np.arange(5), np.arange(6), 125, rng)
-    assert (len(ta), len(tb)) == (5, 6)
+    rng = random.Random(0)
+    a_start, a_len, b_start, b_len = _truncate_pair(0, 10, 100, 300, 125, rng)
+    assert a_len == 10 and b_len == 115 and 100 <= b_start <= 100 + 300 - 115  # a contiguous run of b
+    assert _truncate_pair(0, 90, 100, 91, 125, rng)[1::2] == (63, 62)  # b loses 1 to equal a, then b, a, ...
+    assert _truncate_pair(0, 5, 100, 6, 125, rng) == (0, 5, 100, 6)
+    # the tokens cut from the front are Binomial(cut, 1/2), as BERT's coin per token
+    fronts = [_truncate_pair(0, 10, 1000, 215, 125, rng)[2] - 1000 for _ in range(4000)]
+    assert abs(np.mean(fronts) - 50) < 0.5 and abs(np.var(fronts) - 25) < 3
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
-def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase):
+def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase, monkeypatch):
     """Its own ASCII word split and its cache against `tokenizers`' BertWordPieceTokenizer, on
     real text (State of the Union; Wikipedia where the shared corpora are present, with its
     accents and Unicode punctuation) and on the edge cases of BERT's basic tokenizer."""
+    from data_prep import fast_tokenizer
     from data_prep.fast_tokenizer import CachedWordPiece
 
     texts = [sotu_small.read_text()[:400_000]]
@@ -146,11 +163,14 @@ def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase):
     hf = vocab.tokenizer(lowercase)
     expected = [e.ids for e in hf.encode_batch(sentences, add_special_tokens=False)]
     fast = CachedWordPiece(hf._tokenizer, lowercase)
-    for _ in range(2):  # the second pass runs from the cache
+    for cache_words in (1 << 20, 1 << 20, 1000):  # from the cache the second time; cleared the third
+        monkeypatch.setattr(fast_tokenizer, "CACHE_WORDS", cache_words)
         got = fast.encode(sentences)
         mismatches = [(s, e, g.tolist()) for s, e, g in zip(sentences, expected, got) if list(g) != e]
         assert not mismatches, mismatches[:3]
-    assert len(fast.cache) > 1000 and sum(not s.isascii() for s in sentences) >= 10
+        if cache_words > 1000:
+            assert len(fast.words) > 1000
+    assert sum(not s.isascii() for s in sentences) >= 10
 
 
 def test_mask_rows_follows_mask_sequences_rule_for_every_row():
