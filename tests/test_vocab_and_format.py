@@ -76,6 +76,22 @@ def test_sentence_splitter_splits_a_whole_speech(sotu_small):
     assert all(s.rstrip()[-1] in ".?!:;\"')" for s in sentences)
 
 
+def test_sentence_splitting_with_a_reused_buffer_is_bling_fires(sotu_small):
+    """data_prep.sentences calls Bling Fire's C function into one buffer it reuses and grows;
+    the result must be blingfire.text_to_sentences' for every line."""
+    import blingfire
+
+    from data_prep.sentences import _text_to_sentences
+
+    lines = [line for line in sotu_small.read_text()[:300_000].splitlines() if line.strip()]
+    wiki = SHARED_CORPORA / "enwiki_gensim.txt"
+    if wiki.is_file():
+        lines += wiki.read_text()[:300_000].splitlines()
+    lines += ["", " ", "One. Two!", "naïve Café — “quoted”. Ελληνικά. 中文。", "x" * 200_000 + ". Then one more."]
+    lines += sorted(lines, key=len)[:50]  # short ones after the buffer grew: no stale bytes
+    assert [_text_to_sentences(line) for line in lines] == [blingfire.text_to_sentences(line) for line in lines]
+
+
 def _tokenized_speech(sotu_small, n):
     vocab = Vocab.load("data_prep/resources/bert_base_uncased_vocab.txt")
     tok = vocab.tokenizer(lowercase=True)
