@@ -6,7 +6,12 @@ total and per worker, and the peak RSS of the largest process (main or worker). 
 runs the corpus 1× and 2× with shards of the same size, to show that peak memory does not grow
 with the corpus.
 
-    python benchmarks/data_prep_throughput.py [--workers 1 2] [--repeats 3] [--json OUT]
+`--baseline DIR` also runs the CLI of another checkout (e.g. a git worktree of an older commit)
+on the same text, alternating with this one run by run, so that a machine whose speed drifts
+(shared CPUs) drifts for both; it prints both and the speed-up. `--input FILE` measures a text
+file of your own instead of the embedded corpus.
+
+    python benchmarks/data_prep_throughput.py [--workers 1 2] [--repeats 3] [--baseline DIR] [--input FILE] [--json OUT]
 """
 from __future__ import annotations
 
@@ -26,14 +31,14 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data_prep" / "resources" / "sotu.txt.xz"
 
 
-def run_once(inputs: list[Path], workers: int, extra: list[str]) -> dict:
+def run_once(inputs: list[Path], workers: int, extra: list[str], repo: Path = REPO) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ds"
         cmd = [sys.executable, "-m", "data_prep", "shards", "--input", *map(str, inputs),
                "--output", str(out), "--workers", str(workers), *extra]
         with open(Path(tmp) / "stderr.log", "w+") as log:
             started = time.perf_counter()
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log)
+            proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=log)
             # wait4's usage covers the child and the workers it waited for: ru_maxrss is the
             # peak of the largest of them
             _, status, usage = os.wait4(proc.pid, 0)
@@ -48,8 +53,7 @@ def run_once(inputs: list[Path], workers: int, extra: list[str]) -> dict:
             "samples": sum(s["samples"] for s in manifest["splits"].values())}
 
 
-def measure(inputs, workers, repeats, extra) -> dict:
-    runs = [run_once(inputs, workers, extra) for _ in range(repeats)]
+def summary(inputs, workers, runs) -> dict:
     text_mb = sum(p.stat().st_size for p in inputs) / 1e6
     wall = statistics.median(r["wall_s"] for r in runs)
     tokens = runs[0]["input_tokens"]
@@ -60,23 +64,44 @@ def measure(inputs, workers, repeats, extra) -> dict:
             "input_tokens": tokens}
 
 
+def measure(inputs, workers, repeats, extra) -> dict:
+    return summary(inputs, workers, [run_once(inputs, workers, extra) for _ in range(repeats)])
+
+
+def measure_against(inputs, workers, repeats, extra, baseline: Path) -> tuple[dict, dict]:
+    """This checkout and `baseline`, alternating run by run."""
+    runs: dict[Path, list] = {REPO: [], baseline: []}
+    for _ in range(repeats):
+        for repo in runs:
+            runs[repo].append(run_once(inputs, workers, extra, repo))
+    return summary(inputs, workers, runs[REPO]), summary(inputs, workers, runs[baseline])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--masking", default="static")
+    parser.add_argument("--baseline", type=Path, help="a checkout to compare with, run by run")
+    parser.add_argument("--input", type=Path, help="a text file instead of the embedded corpus")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     extra = ["--seq-len", str(args.seq_len), "--masking", args.masking]
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "sotu.txt"
-        corpus.write_bytes(lzma.decompress(CORPUS.read_bytes()))
+        if args.input:
+            corpus = args.input.resolve()
+        else:
+            corpus.write_bytes(lzma.decompress(CORPUS.read_bytes()))
+        if args.baseline:
+            compare(args, corpus, extra + ["--num-shards", "16"], machine)
+            return
         rows = [measure([corpus], w, args.repeats, extra + ["--num-shards", "16"]) for w in args.workers]
         workers = max(args.workers)
         scaling = [measure([corpus] * k, workers, args.repeats, extra + ["--num-shards", str(16 * k)])
                    for k in (1, 2)]
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     print(f"bert-data-prep shards on the embedded corpus (sotu, {rows[0]['text_mb']:.1f} MB of text), "
           f"seq {args.seq_len}, {args.masking} masking, CLI defaults otherwise; median of "
           f"{args.repeats} runs; {machine}")
@@ -91,6 +116,24 @@ def main() -> None:
         print(f"{r['text_mb']:>7.1f} {r['samples']:>9,} {r['wall_s']:>7.2f} {r['peak_rss_mb']:>11.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine, "rows": rows, "scaling": scaling}, indent=1))
+
+
+def compare(args, corpus: Path, extra: list[str], machine: str) -> None:
+    rows = []
+    print(f"bert-data-prep shards on {corpus.name} ({corpus.stat().st_size / 1e6:.1f} MB): this checkout "
+          f"against {args.baseline}, alternating; median of {args.repeats} runs each; {machine}")
+    print(f"{'workers':>7} {'base s':>7} {'this s':>7} {'base MB/s/worker':>16} {'this MB/s/worker':>16} "
+          f"{'speed-up':>8} {'base/this peak RSS MB':>21}")
+    for workers in args.workers:
+        this, base = measure_against([corpus], workers, args.repeats, extra, args.baseline.resolve())
+        rows.append({"workers": workers, "this": this, "baseline": base, "speed_up": base["wall_s"] / this["wall_s"]})
+        print(f"{workers:>7} {base['wall_s']:>7.2f} {this['wall_s']:>7.2f} {base['mb_per_s_per_worker']:>16.2f} "
+              f"{this['mb_per_s_per_worker']:>16.2f} {rows[-1]['speed_up']:>7.2f}x "
+              f"{base['peak_rss_mb']:>10.0f} / {this['peak_rss_mb']:.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "command": " ".join(sys.argv),
+                                               "input": str(corpus), "baseline": str(args.baseline),
+                                               "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
