@@ -255,7 +255,8 @@ def _batches(documents):
         yield first, batch
 
 
-def _scatter(cfg: PrepConfig, vocab: Vocab, sources, work: Path, workers: int) -> dict:
+def _scatter(cfg: PrepConfig, vocab: Vocab, sources, work: Path, pool: ProcessPoolExecutor | None,
+             workers: int) -> dict:
     dtypes = _record_dtypes(cfg, len(vocab))
     shutil.rmtree(work / "buckets", ignore_errors=True)  # an interrupted pass 1 starts over
     buckets = {split: StratifiedBuckets(work / "buckets" / split, cfg, n, dtypes[split])
@@ -278,20 +279,18 @@ def _scatter(cfg: PrepConfig, vocab: Vocab, sources, work: Path, workers: int) -
         progress.set_postfix_str(f"{tokens_in / elapsed:,.0f} tok/s", refresh=False)
 
     batches = _batches(iter_documents(sources, skipped, cfg.text_field, cfg.hf_split))
-    if workers <= 1:
+    if pool is None:
         _init_worker(cfg, str(vocab.path))
         for first, batch in batches:
             take(process_batch(first, batch))
     else:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(cfg, str(vocab.path))) as pool:
-            in_flight: deque = deque()
-            for first, batch in batches:
-                in_flight.append(pool.submit(process_batch, first, batch))
-                if len(in_flight) >= 2 * workers:
-                    take(in_flight.popleft().result())
-            while in_flight:
+        in_flight: deque = deque()
+        for first, batch in batches:
+            in_flight.append(pool.submit(process_batch, first, batch))
+            if len(in_flight) >= 2 * workers:
                 take(in_flight.popleft().result())
+        while in_flight:
+            take(in_flight.popleft().result())
     progress.close()
     for b in buckets.values():
         b.flush()
@@ -306,6 +305,7 @@ def _scatter(cfg: PrepConfig, vocab: Vocab, sources, work: Path, workers: int) -
 
 
 def _write_one_shard(args) -> dict:
+    _worker.clear()  # the scatter's tokenizer and word cache: the shard needs the memory
     split, index, cfg, vocab_size, vocab_sha, work, out, counts = args
     dtype = _record_dtypes(cfg, vocab_size)[split]
     buckets = StratifiedBuckets(work / "buckets" / split, cfg, _shard_counts(cfg)[split], dtype)
@@ -318,7 +318,7 @@ def _write_one_shard(args) -> dict:
 
 
 def _gather(cfg: PrepConfig, vocab: Vocab, work: Path, out: Path, scatter: dict,
-            workers: int) -> dict[str, list[dict]]:
+            pool: ProcessPoolExecutor | None) -> dict[str, list[dict]]:
     jobs, infos = [], {s: {} for s in SPLITS}
     for split, num in _shard_counts(cfg).items():
         _split_dir(out, split).mkdir(parents=True, exist_ok=True)
@@ -330,16 +330,9 @@ def _gather(cfg: PrepConfig, vocab: Vocab, work: Path, out: Path, scatter: dict,
                 jobs.append((split, index, cfg, len(vocab), vocab.sha256, work, out,
                              scatter["strata_counts"][split]))
     progress = tqdm(total=len(jobs), unit=" shard", desc="shards: write", file=sys.stderr, disable=None)
-    if workers <= 1 or len(jobs) <= 1:
-        results = map(_write_one_shard, jobs)
-        for job, info in zip(jobs, results):
-            infos[job[0]][job[1]] = info
-            progress.update()
-    else:
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn")) as pool:
-            for job, info in zip(jobs, pool.map(_write_one_shard, jobs)):
-                infos[job[0]][job[1]] = info
-                progress.update()
+    for job, info in zip(jobs, map(_write_one_shard, jobs) if pool is None else pool.map(_write_one_shard, jobs)):
+        infos[job[0]][job[1]] = info
+        progress.update()
     progress.close()
     return {s: [infos[s][i] for i in sorted(infos[s])] for s in SPLITS}
 
@@ -429,18 +422,21 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
     created = not out.exists()
     work = out / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
+    # one pool for both passes: each spawned worker costs ~0.3 s of imports and vocabulary
+    pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                initargs=(cfg, str(vocab.path))) if workers > 1 else None)
     try:
         fmt.atomic_write_text(work / "state.json", json.dumps({"args": cfg.to_json()}, indent=1))
         scatter_path = work / "scatter.json"
         if scatter_path.is_file():
             scatter = json.loads(scatter_path.read_text())
         else:
-            scatter = _scatter(cfg, vocab, sources, work, workers)
+            scatter = _scatter(cfg, vocab, sources, work, pool, workers)
             if sum(scatter["strata_counts"]["train"]) == 0:
                 raise PrepError(f"no usable text in {', '.join(cfg.inputs)} (0 training samples); "
                                 f"pass files with text in them")
             fmt.atomic_write_text(scatter_path, json.dumps(scatter))
-        shards = _gather(cfg, vocab, work, out, scatter, workers)
+        shards = _gather(cfg, vocab, work, out, scatter, pool)
         shutil.copyfile(vocab.path, out / (fmt.VOCAB_NAME + ".tmp"))
         os.replace(out / (fmt.VOCAB_NAME + ".tmp"), out / fmt.VOCAB_NAME)
         manifest = build_manifest(cfg, vocab, scatter, shards)
@@ -449,6 +445,9 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
         if created:
             shutil.rmtree(out, ignore_errors=True)
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     shutil.rmtree(work, ignore_errors=True)
     for line in scatter["skipped"]:
         print(f"bert-data-prep: warning: {line}", file=sys.stderr)

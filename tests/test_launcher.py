@@ -128,7 +128,10 @@ def test_stop_signal_to_bert_launch_only_saves_and_exits_zero_and_the_relaunch_c
 def test_ctrl_c_reaches_ranks_still_starting_as_a_stop(tmp_path, stub):
     """Ctrl-C (SIGINT to the job's process group) while the ranks have no handler yet: they are
     neither interrupted nor killed by it, and stop when they can."""
-    launcher = start("--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--start-s", 3)
+    # as a terminal's foreground job has it: a suite run in the background (nohup, `&` in a
+    # script) starts with SIGINT ignored, which bert-launch rightly keeps ignored
+    launcher = start("--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--start-s", 3,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for(lambda: len(states(tmp_path)) == 2, launcher)
     os.killpg(launcher.pid, signal.SIGINT)
     output = finish(launcher)
