@@ -126,17 +126,28 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
 
 
-def tx_bytes_reader(cluster, host: int):
-    """Host's eth0 tx counter, read in /proc/PID/net/dev of a process in its namespace (its sshd):
-    no process to start, so a read lands within a millisecond of the moment it is wanted."""
-    net_dev = Path(f"/proc/{cluster.pids(host)[0]}/net/dev")
+# Ethernet (14) + IPv4 (20) + TCP with timestamps (32): the headers of every packet node1 sends,
+# pure ACKs included; a retransmitted segment carries at most an MSS (MTU 1500 less 52). On 2 busy
+# cores veth drops packets and TCP resends them: 315 segments (0.43% of the bytes) over the six
+# steps of one run, enough to move the raw ratio between 1.002 and 1.024 from run to run.
+HEADER_BYTES, MSS = 14 + 20 + 32, 1448
 
-    def read() -> int:
-        for line in net_dev.read_text().splitlines():
+
+def tx_reader(cluster, host: int):
+    """Host's eth0 tx bytes and packets and its TCP retransmitted segments, read in /proc/PID/net
+    of a process in its namespace (its sshd): no process to start, so a read lands within a
+    millisecond of the moment it is wanted."""
+    net = Path(f"/proc/{cluster.pids(host)[0]}/net")
+
+    def read() -> tuple[int, int, int]:
+        tcp = [line.split() for line in (net / "snmp").read_text().splitlines() if line.startswith("Tcp:")]
+        retransmitted = int(tcp[1][tcp[0].index("RetransSegs")])
+        for line in (net / "dev").read_text().splitlines():
             name, _, fields = line.partition(":")
             if name.strip() == "eth0":
-                return int(fields.split()[8])   # 8 receive fields, then transmitted bytes
-        raise LookupError(f"no eth0 in {net_dev}")
+                tx = fields.split()[8:10]   # 8 receive fields, then transmitted bytes and packets
+                return int(tx[0]), int(tx[1]), retransmitted
+        raise LookupError(f"no eth0 in {net / 'dev'}")
     return read
 
 
@@ -152,7 +163,7 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
     args = ["--deepspeed_config", str(REPO / "ds_configs" / config), "--data", str(data), "--model", "tiny",
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "1"]
-    tx_bytes = tx_bytes_reader(cluster, 0)
+    tx = tx_reader(cluster, 0)
     nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(cluster.hostfile), "--no_ssh", "--node_rank", str(i),
                                "--master_addr", cluster.addresses[0], "--master_port", "29616", "train.py", *args],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -161,7 +172,7 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
     while nodes[0].poll() is None:
         rows = metrics.read_text().splitlines() if metrics.exists() else []
         if rows and (step := json.loads(rows[-1])["step"]) not in tx_at_step:
-            tx_at_step[step] = tx_bytes()
+            tx_at_step[step] = tx()
         time.sleep(0.005)
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     for node, output in zip(nodes, outputs):
@@ -171,8 +182,10 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
     first, last = min(tx_at_step), max(s for s in tx_at_step if s < steps)
     assert last - first >= steps // 2, tx_at_step
     counted = sum(sent[s] for s in range(first + 1, last + 1))
-    wire = tx_at_step[last] - tx_at_step[first]
-    print(f"{config}: bytes_sent over steps {first + 1}-{last}: {counted:,.0f}; eth0: {wire:,}; "
-          f"ratio {wire / counted:.4f}")
-    # TCP/IP headers and the metrics' own small collectives: 0.2% measured (LAMB and ZeRO-2)
-    assert 1.0 <= wire / counted < 1.02
+    wire, packets, resent = (tx_at_step[last][k] - tx_at_step[first][k] for k in range(3))
+    payload = wire - HEADER_BYTES * packets
+    print(f"{config}: bytes_sent over steps {first + 1}-{last}: {counted:,.0f}; eth0: {wire:,} in {packets:,} "
+          f"packets ({resent} resent), {payload:,} without headers; ratio {wire / counted:.4f}")
+    # the payload: the counted collectives, what TCP resent, and the metrics' own small
+    # collectives and gloo's framing (0.2% measured with nothing resent)
+    assert counted <= payload <= counted * 1.005 + resent * MSS
