@@ -9,6 +9,7 @@ machinery lives in `commodity_bert/`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.bytes_counter import BytesCounter
 from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
+from commodity_bert.diloco import DiLoCo, MasterParams, diloco_settings
 from commodity_bert.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.export import export_hf_model
 from commodity_bert.finetune.cli import UsageError
@@ -118,10 +120,10 @@ class StopRequest:
         self.signalled = True
 
 
-def evaluate(engine, batches, device) -> dict:
+def evaluate(engine, batches, device, shared_model=contextlib.nullcontext) -> dict:
     engine.eval()
     totals = {"correct": 0.0, "count": 0.0, "loss_sum": 0.0}
-    with torch.no_grad():
+    with torch.no_grad(), shared_model():
         for batch in batches:
             _, stats = engine({k: v.to(device) for k, v in batch.items()})
             totals["correct"] += float(stats["mlm_correct"])
@@ -228,6 +230,7 @@ def main() -> None:
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     bucketwise = bucketwise_settings(ds_config)
+    diloco_config = diloco_settings(ds_config)
     # the project's own block is not DeepSpeed's; with bucket-wise clipping DeepSpeed neither clips
     ds_config = {k: v for k, v in ds_config.items() if k != PROJECT_BLOCK}
     if bucketwise:
@@ -249,10 +252,19 @@ def main() -> None:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     wire = BytesCounter().install()
     samples, clocks = 0, {}
+    diloco = None
     if resume_tag is not None:
         state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
         if isinstance(optimizer, OneBitLamb):
             optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+        if diloco_config:
+            if "diloco" not in state:
+                fail(f"{resume_dir / resume_tag} was not trained with DiLoCo; resume it with its own config, or "
+                     f"start from its weights with --init-from {resume_dir / resume_tag} --resume none")
+            masters = MasterParams(engine.optimizer)
+            masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
+            diloco = DiLoCo(masters, diloco_config)
+            diloco.load_state_dict(state["diloco"])
         samples, clocks = state["samples"], state.get("clocks", {})
         trained_on = state.get("data_digest")
         if trained_on in (None, data_digest):
@@ -269,12 +281,17 @@ def main() -> None:
             print(f"resuming from {resume_dir / resume_tag} at step {engine.global_steps}", flush=True)
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
+    if diloco_config and diloco is None:
+        diloco = DiLoCo(MasterParams(engine.optimizer), diloco_config)
+    # in a DiLoCo round each rank has a model of its own; evaluation and export use the shared one
+    shared_model = diloco.global_model if diloco else contextlib.nullcontext
     lowercase = manifest["vocab"].get("lowercase", True)
     vocab_path = Path(args.data) / fmt.VOCAB_NAME
 
     def export() -> None:
-        if rank == 0:
-            export_hf_model(hf_model, vocab_path, lowercase, run_dir / "hf_model")
+        with shared_model():
+            if rank == 0:
+                export_hf_model(hf_model, vocab_path, lowercase, run_dir / "hf_model")
 
     if args.export_only:
         export()
@@ -318,13 +335,19 @@ def main() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
                         "clocks": book.clocks(), "data_digest": data_digest}
         rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, OneBitLamb) else None
+        if diloco:  # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
+            client_state["diloco"] = diloco.state_dict()
+            rank_state = {"diloco": diloco.masters.rank_state()}
         checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps, client_state,
                         args.keep_checkpoints, rank_state, node_local)
         book.saved()
 
+    def grads_averaged() -> bool:
+        return clipper is None and diloco is None and engine.enable_backward_allreduce
+
     def measure_grad_norm():
         """Before clipping (the clipper and the optimizer step have not run yet)."""
-        averaged = clipper is None and engine.enable_backward_allreduce
+        averaged = grads_averaged()
         with book.unlogged():
             return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged)
 
@@ -337,17 +360,18 @@ def main() -> None:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
             # free to measure every step where DeepSpeed averaged the gradients; else at logged steps
-            grad_norm, measure = None, zero_stage == 0 and (
-                book.is_log_step(step) or (clipper is None and engine.enable_backward_allreduce))
+            grad_norm, measure = None, zero_stage == 0 and (book.is_log_step(step) or grads_averaged())
             for micro in range(accumulation):
                 batch = book.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                loss, stats = engine(batch)
                 boundary = micro == accumulation - 1
-                if clipper and boundary:
-                    clipper.start_boundary_backward()
-                engine.backward(loss)
+                # DiLoCo's inner steps: no gradient allreduce (nor the fp16 wrapper's overflow flag's)
+                with engine.no_sync() if diloco else contextlib.nullcontext():
+                    loss, stats = engine(batch)
+                    if clipper and boundary:
+                        clipper.start_boundary_backward()
+                    engine.backward(loss)
                 if boundary and measure:
                     grad_norm = measure_grad_norm()
                 if clipper and boundary:
@@ -356,6 +380,9 @@ def main() -> None:
                 book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             if grad_norm is None and (zero_stage or measure):  # ZeRO, or DeepSpeed's own flat buffers
                 grad_norm = engine.get_global_grad_norm()
+            if diloco and (diloco.is_round_end(step) or step >= max_steps):
+                # the last step ends a round too: what the run evaluates and exports is one model
+                diloco.outer_step()
             book.end_step(grad_norm)
             samples += total_batch
             decision = book.decide(step, stop.signalled)
@@ -367,8 +394,10 @@ def main() -> None:
                     row["onebit_frozen"] = optimizer.frozen
                     if not optimizer.frozen:
                         row["variance_change"] = optimizer.variance_change
+                if diloco:
+                    row["outer_rounds"] = diloco.rounds
                 if decision.evaluate:
-                    last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
+                    last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
                     row.update(last_eval)
                 metrics.log(row)
                 if rank == 0:
@@ -376,7 +405,7 @@ def main() -> None:
                           flush=True)
             elif decision.evaluate:
                 trained_s = book.trained_s()
-                last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device))
+                last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
                 metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
             if decision.save:
                 with book.unlogged():

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from commodity_bert import diloco
 from commodity_bert.optim import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
+
+# the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
+PROJECT_SECTIONS = {
+    "bucketwise_clipping": {"enabled", "bucket_mb", "max_norm"},
+    "diloco": set(diloco.DEFAULTS),
+}
 
 
 class LaunchError(Exception):
@@ -78,6 +85,7 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
                           f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
     if name == "onebitlamb":
         check_freeze_step(block.get("params", {}))
+    check_project_block(config)
     if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
         if stage >= 1:
             raise LaunchError(f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
@@ -85,12 +93,46 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
         if name == "onebitlamb":
             raise LaunchError("bucket-wise clipping and OneBitLamb both replace the gradient allreduce; "
                               "enable one of them")
+    local = diloco.diloco_settings(config)
+    if local is not None:
+        problem = diloco.check_settings(local)
+        if problem:
+            raise LaunchError(problem)
+        if name == "onebitlamb":
+            raise LaunchError("DiLoCo and OneBitLamb cannot be combined: DiLoCo's inner steps do not communicate, "
+                              "OneBitLamb communicates every step; use Lamb or AdamW inside DiLoCo")
+        if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
+            raise LaunchError("DiLoCo and bucket-wise clipping cannot be combined: bucket-wise clipping allreduces "
+                              "gradients every step, DiLoCo's inner steps send none; disable one of them")
+        if stage >= 1:
+            raise LaunchError(f"DiLoCo cannot run under ZeRO stage {stage}: ZeRO splits the optimizer state across "
+                              f"ranks, so no rank can take an inner step alone; use stage 0")
     if name == "lamb" and stage >= 1:
         raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
                           f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")
     if config.get("fp16", {}).get("enabled") and config.get("bf16", {}).get("enabled"):
         raise LaunchError("fp16 and bf16 are both enabled in the DeepSpeed config; enable one")
     return resolve_batch_sizes(config, world_size)
+
+
+def check_project_block(config: dict) -> None:
+    """A key the project's block does not know would be ignored silently (a misspelt
+    `bucketwise_clipping` trains without it): refuse it, naming the known ones."""
+    block = config.get("commodity_bert")
+    if block is None:
+        return
+    if not isinstance(block, dict):
+        raise LaunchError(f'"commodity_bert" in the DeepSpeed config must be an object, not {block!r}')
+    for section, value in block.items():
+        if section not in PROJECT_SECTIONS:
+            raise LaunchError(f'unknown key "commodity_bert.{section}" in the DeepSpeed config; '
+                              f'the known ones are {", ".join(sorted(PROJECT_SECTIONS))}')
+        if not isinstance(value, dict):
+            raise LaunchError(f'"commodity_bert.{section}" must be an object, not {value!r}')
+        for key in value:
+            if key not in PROJECT_SECTIONS[section]:
+                raise LaunchError(f'unknown key "commodity_bert.{section}.{key}" in the DeepSpeed config; '
+                                  f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[section]))}')
 
 
 def check_freeze_step(params: dict) -> None:

@@ -181,7 +181,7 @@ def _refused(proc, phrase, run):
     assert not (run / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown_optimizer", "onebit_zero1", "bucketwise_zero1", "bucketwise_onebit",
+@pytest.mark.parametrize("case", ["unknown_optimizer", "misspelt_project_key", "onebit_zero1", "bucketwise_zero1", "bucketwise_onebit",
                                   "lamb_zero1", "batch_sizes", "positions", "vocab"])
 def test_bad_configs_are_refused_before_training(tmp_path, data, case):
     run = tmp_path / "run"
@@ -190,6 +190,9 @@ def test_bad_configs_are_refused_before_training(tmp_path, data, case):
     if case == "unknown_optimizer":
         config["optimizer"]["type"] = "Adagrad"
         phrase = "'Adagrad' is not supported"
+    elif case == "misspelt_project_key":  # was ignored: the run trained without bucket-wise clipping
+        config["commodity_bert"] = {"bucketwise_cliping": {"enabled": True}}
+        phrase = 'unknown key "commodity_bert.bucketwise_cliping"'
     elif case == "onebit_zero1":
         config["optimizer"]["type"] = "OneBitLamb"
         config["zero_optimization"] = {"stage": 1}

@@ -227,3 +227,61 @@ def test_init_from_a_checkpoint_directory_in_bf16(runs, train_data, run30):
     # run30's step-30 weights, which its checkpoint and its export both hold
     assert first["grad_norm"] == pytest.approx(reference_grad_norm(train_data, 32, pretrained=run30 / "hf_model"), rel=0.02)
     assert first["loss"] < by_step(run30)[5]["loss"] - 0.05  # not from random weights
+
+
+# ---- DiLoCo in bf16 with gradient accumulation: rounds, bytes, the shared model, resume mid-round
+
+
+@pytest.fixture(scope="module")
+def diloco_config(runs):
+    return config_file(runs, "cpu_tiny_diloco_lamb.json", **{"bf16.enabled": True, "train_micro_batch_size_per_gpu": 16,
+                                                            "gradient_accumulation_steps": 2})
+
+
+@pytest.fixture(scope="module")
+def diloco20(runs, train_data, diloco_config):
+    """inner_steps 10: rounds end at steps 10 and 20; checkpoints every 5 steps, two of them mid-round."""
+    return launch(runs, train_data, "diloco_bf16", diloco_config, 20, "--save-every", 5, "--keep-checkpoints", 4,
+                  "--eval-every", 5)
+
+
+def test_diloco_communicates_once_a_round(diloco20, train_data):
+    history = by_step(diloco20)
+    manifest = fmt.load_manifest(train_data)
+    numel = sum(p.numel() for p in build_model(build_config("tiny", manifest["vocab"]["size"]),
+                                               nsp=manifest["nsp"]).parameters())
+    for step, row in history.items():
+        if step % 10:  # inner steps: no gradient allreduce, no overflow flag, nothing at all
+            assert (row["comm_rounds"], row["bytes_sent"]) == (0, 0), row
+        else:  # one fp32 allreduce of the pseudo-gradient: 2(N−1)/N × 4 bytes a parameter
+            assert (row["comm_rounds"], row["bytes_sent"]) == (1, 4 * numel), row
+    assert history[20]["outer_rounds"] == 2 and history[20]["samples"] == 20 * 64
+    assert window_loss(history, 20) < history[1]["loss"] - 0.2  # lr still warming up (30 steps)
+    assert identical_across_ranks(diloco20)  # the run ends with an outer step
+
+
+def test_diloco_evaluates_the_shared_model_mid_round(diloco20):
+    """Mid-round the ranks' models differ; evaluation uses θ, the last round's result: at step 15
+    the same model as at step 10, right after the outer step."""
+    history = by_step(diloco20)
+    assert history[15]["val_mlm_acc"] == history[10]["val_mlm_acc"]
+    assert history[15]["val_loss"] == history[10]["val_loss"]
+    assert history[20]["val_loss"] < history[10]["val_loss"] < history[5]["val_loss"]
+
+
+def test_diloco_resumes_mid_round_bit_for_bit(runs, train_data, diloco_config, diloco20):
+    """From step 15's checkpoint, in the middle of round 2: every rank's own parameters and LAMB
+    state, θ and the outer momentum (no longer zero after round 1) come back, and the rest of the
+    round and its outer step equal the uninterrupted run's."""
+    pieces = runs / "diloco_pieces"
+    (pieces / "checkpoints").mkdir(parents=True)
+    shutil.copytree(diloco20 / "checkpoints" / "step_00000015", pieces / "checkpoints" / "step_00000015")
+    (pieces / "checkpoints" / "latest").write_text("step_00000015")
+    train(2, "--deepspeed_config", diloco_config, "--model", "tiny", "--data", train_data, "--output-dir", pieces,
+          "--max-steps", 20, "--log-every", 1, "--num-workers", 1, "--eval-every", 5)
+    keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent", "comm_rounds", "val_mlm_acc", "val_loss")
+    resumed = [[r.get(k) for k in keys] for r in rows(pieces)]
+    assert [r[0] for r in resumed] == list(range(16, 21))
+    whole = [[r.get(k) for k in keys] for r in rows(diloco20) if r["step"] > 15]
+    assert resumed == whole
+    assert identical_across_ranks(pieces)
