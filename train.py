@@ -283,6 +283,8 @@ def main() -> None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
     if diloco_config and diloco is None:
         diloco = DiLoCo(MasterParams(engine.optimizer), diloco_config)
+    if diloco and rank == 0:
+        print(f"DiLoCo: {diloco.describe()}", flush=True)
     # in a DiLoCo round each rank has a model of its own; evaluation and export use the shared one
     shared_model = diloco.global_model if diloco else contextlib.nullcontext
     lowercase = manifest["vocab"].get("lowercase", True)

@@ -139,6 +139,14 @@ class DiLoCo:
         self.velocity = torch.zeros_like(self.start)
         self.rounds = 0
 
+    def describe(self) -> str:
+        masters = {"plain": "the model's own parameters", "unfused": "DeepSpeed's fp32 copies (per tensor)",
+                   "flat": "DeepSpeed's fp32 copies (flat)"}[self.masters.kind]
+        return (f"an outer step every {self.inner_steps} steps (lr {self.outer_lr}, momentum {self.momentum}"
+                f"{', Nesterov' if self.nesterov else ''}), pseudo-gradient sent as "
+                f"{'fp32' if self.compression == 'none' else self.compression}; {self.numel:,} parameters, "
+                f"updated through {masters}; outer state on {self.state_device.type}, round {self.rounds}")
+
     def is_round_end(self, step: int) -> bool:
         return step % self.inner_steps == 0
 
