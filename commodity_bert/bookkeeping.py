@@ -56,6 +56,7 @@ class Bookkeeping:
         self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
         self.started = self.last_save = time.time()
         self.evaluating = 0.0  # seconds spent scoring the held-out set in this launch
+        self._flags_in_flight = None  # (work, flags): the last step's signal/clock flags, being agreed
         self.window = torch.zeros(len(WINDOW_KEYS), dtype=torch.float64, device=device)
         self._reset_window()
 
@@ -112,17 +113,35 @@ class Bookkeeping:
         return step % self.log_every == 0 or step >= self.max_steps
 
     def decide(self, step: int, signalled: bool) -> Decision:
-        out_of_time = self.time_budget is not None and self.wall_s() >= self.time_budget
-        save_due = bool(self.save_every and step % self.save_every == 0) or \
-            bool(self.save_every_minutes and time.time() - self.last_save >= self.save_every_minutes * 60)
-        # one small collective a step: every rank stops and saves at the same step
-        with self.unlogged():
-            signalled, out_of_time, save_due = agree([signalled, out_of_time, save_due], self.device)
-        stop = "signal" if signalled else "time budget" if out_of_time else "max steps" if step >= self.max_steps \
-            else None
+        """What to do after this step, alike on every rank.
+
+        What counts steps (max steps, --save-every, logging, evaluation) every rank knows without
+        asking. What one rank alone may see (a signal, its clock for --time-budget and
+        --save-every-minutes) is agreed by one small allreduce that runs while the next step
+        computes: raised at step t, it acts at step t + 1 on every rank. A blocking allreduce at
+        every step cost a network round trip per step, which over a slow link is what DiLoCo and
+        local steps exist to save."""
+        agreed = [False, False, False]
+        if self._flags_in_flight is not None:
+            work, flags = self._flags_in_flight
+            with self.unlogged():
+                work.wait()
+            agreed = [bool(v) for v in flags.tolist()]
+            self._flags_in_flight = None
+        signal_agreed, out_of_time, minutes_due = agreed
+        stop = "signal" if signal_agreed else "time budget" if out_of_time else "max steps" \
+            if step >= self.max_steps else None
+        save = bool(self.save_every and step % self.save_every == 0) or minutes_due or stop is not None
+        if stop is None:
+            due = not save and bool(self.save_every_minutes) and \
+                time.time() - self.last_save >= self.save_every_minutes * 60
+            budget = self.time_budget is not None and self.wall_s() >= self.time_budget
+            flags = torch.tensor([float(signalled), float(budget), float(due)], device=self.device)
+            with self.unlogged():
+                self._flags_in_flight = (dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True), flags)
         return Decision(log=self.is_log_step(step) or stop is not None,
                         evaluate=bool(self.eval_every and step % self.eval_every == 0) or stop is not None,
-                        save=save_due or stop is not None, stop=stop)
+                        save=save, stop=stop)
 
     def saved(self) -> None:
         self.last_save = time.time()

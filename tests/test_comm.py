@@ -253,6 +253,32 @@ def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
         "freeze_step": "auto", "freeze_max_step": 100}}}, 2)
 
 
+def _decision_worker(rank, world, port, results):
+    _join_gloo(rank, world, port)
+    from commodity_bert.bookkeeping import Bookkeeping
+    with BytesCounter() as wire:
+        book = Bookkeeping(device=torch.device("cpu"), world=world, total_batch=8, max_steps=100, log_every=1000,
+                           eval_every=0, save_every=4, save_every_minutes=0, time_budget=None, wire=wire)
+        decisions = []
+        for step in range(1, 20):
+            decision = book.decide(step, signalled=rank == 1 and step >= 6)  # one rank alone is signalled
+            decisions.append((step, decision.save, decision.stop))
+            if decision.stop:
+                break
+    results[rank] = decisions
+    dist.destroy_process_group()
+
+
+def test_a_signal_on_one_rank_stops_every_rank_one_step_later():
+    """The stop decision's allreduce runs behind the next step instead of blocking every step: a
+    signal seen at step 6 by rank 1 alone stops (and saves) every rank after step 7; --save-every
+    needs no agreement and saves at step 4 everywhere."""
+    results = mp.Manager().dict()
+    mp.spawn(_decision_worker, args=(2, free_port(), results), nprocs=2)
+    expected = [(step, step == 4, None) for step in range(1, 7)] + [(7, True, "signal")]
+    assert results[0] == results[1] == expected
+
+
 def test_a_killed_compiles_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
     """DeepSpeed's CPU op compile waits for ever on torch's lock file if a killed compile left it."""
     import subprocess
