@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -55,8 +56,9 @@ from commodity_bert.model import (
     load_pretrained,
 )
 from commodity_bert.onebit_lamb import OneBitLamb
-from commodity_bert.optim import build_optimizer
+from commodity_bert.optim import build_optimizer, optimizer_name
 from commodity_bert.precision import current_loss_scale
+from commodity_bert.zero_one_adam import ZeroOneAdam
 
 
 def parse_duration(text: str) -> float:
@@ -236,12 +238,26 @@ def main() -> None:
     if bucketwise:
         ds_config["gradient_clipping"] = 0.0
     zero_stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    local_clip = 0.0
+    wrapped = ds_config.get("fp16", {}).get("enabled") or ds_config.get("bf16", {}).get("enabled")
+    if (diloco_config or optimizer_name(ds_config) == "zerooneadam") and not wrapped:
+        # DeepSpeed clips fp32 gradients by the norm averaged over the ranks: an allreduce at every
+        # step, which local steps exist to avoid. Each rank clips its own gradient instead, as
+        # DeepSpeed's fp16/bf16 wrapper does.
+        local_clip, ds_config = ds_config.get("gradient_clipping", 0.0), {**ds_config, "gradient_clipping": 0.0}
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters, config=ds_config)
     if isinstance(optimizer, OneBitLamb):
         # from the freeze step on, momenta travel compressed instead of gradients
         optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
+    if isinstance(optimizer, ZeroOneAdam):
+        warning = optimizer.short_variance_warning()
+        if warning and rank == 0:
+            print(warning, flush=True)
+        # step by step, the optimizer says whether the engine allreduces the next step's gradients
+        optimizer.engine_allreduce = lambda on: setattr(engine, "enable_backward_allreduce", on)
+        optimizer.engine_allreduce(optimizer.next_step_allreduced())
     clipper = None
     if bucketwise:
         engine.enable_backward_allreduce = False
@@ -255,8 +271,10 @@ def main() -> None:
     diloco = None
     if resume_tag is not None:
         state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
-        if isinstance(optimizer, OneBitLamb):
+        if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)):
             optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+        if "local" in rank_state:  # 0/1 Adam between two syncs: this rank's own parameters and moments
+            MasterParams(engine.optimizer).load_rank_state(rank_state["local"])
         if diloco_config:
             if "diloco" not in state:
                 fail(f"{resume_dir / resume_tag} was not trained with DiLoCo; resume it with its own config, or "
@@ -285,8 +303,14 @@ def main() -> None:
         diloco = DiLoCo(MasterParams(engine.optimizer), diloco_config)
     if diloco and rank == 0:
         print(f"DiLoCo: {diloco.describe()}", flush=True)
-    # in a DiLoCo round each rank has a model of its own; evaluation and export use the shared one
-    shared_model = diloco.global_model if diloco else contextlib.nullcontext
+    # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own; evaluation
+    # and export use the one the ranks share
+    if diloco:
+        shared_model = diloco.global_model
+    elif isinstance(optimizer, ZeroOneAdam):
+        shared_model = functools.partial(optimizer.shared_params, MasterParams(engine.optimizer).push_to_model)
+    else:
+        shared_model = contextlib.nullcontext
     lowercase = manifest["vocab"].get("lowercase", True)
     vocab_path = Path(args.data) / fmt.VOCAB_NAME
 
@@ -336,7 +360,10 @@ def main() -> None:
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
                         "clocks": book.clocks(), "data_digest": data_digest}
-        rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, OneBitLamb) else None
+        rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)) \
+            else None
+        if isinstance(optimizer, ZeroOneAdam) and not optimizer.synced_last_step:
+            rank_state["local"] = MasterParams(engine.optimizer).rank_state()
         if diloco:  # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
             client_state["diloco"] = diloco.state_dict()
             rank_state = {"diloco": diloco.masters.rank_state()}
@@ -378,6 +405,8 @@ def main() -> None:
                     grad_norm = measure_grad_norm()
                 if clipper and boundary:
                     clipper.finish()
+                if local_clip and boundary:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), local_clip)
                 engine.step()
                 book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             if grad_norm is None and (zero_stage or measure):  # ZeRO, or DeepSpeed's own flat buffers
@@ -398,6 +427,9 @@ def main() -> None:
                         row["variance_change"] = optimizer.variance_change
                 if diloco:
                     row["outer_rounds"] = diloco.rounds
+                if isinstance(optimizer, ZeroOneAdam):
+                    row["variance_frozen"] = optimizer.frozen
+                    row["local_step_interval"] = optimizer.schedule["local_interval"] if optimizer.frozen else 0
                 if decision.evaluate:
                     last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
                     row.update(last_eval)

@@ -19,6 +19,9 @@ class LaunchError(Exception):
     pass
 
 
+SUPPORTED = "Adam, AdamW, Lamb, OneBitLamb, ZeroOneAdam"
+
+
 def load_deepspeed_config(path: str | None, flag: str = "--deepspeed_config") -> dict:
     """The JSON object in `path`, or a LaunchError that names `flag` (the option that gave it)."""
     if not path:
@@ -73,10 +76,10 @@ def resolve_batch_sizes(config: dict, world_size: int) -> tuple[int, int, int]:
 def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int]:
     block = config.get("optimizer")
     if not block or "type" not in block:
-        raise LaunchError('the DeepSpeed config has no "optimizer": {"type": ...}; use Adam, AdamW or Lamb')
+        raise LaunchError(f'the DeepSpeed config has no "optimizer": {{"type": ...}}; use one of {SUPPORTED}')
     name = optimizer_name(config)
     if name not in DEEPSPEED_BUILT | PROJECT_OPTIMIZERS:
-        raise LaunchError(f"optimizer {block['type']!r} is not supported; use Adam, AdamW or Lamb")
+        raise LaunchError(f"optimizer {block['type']!r} is not supported; use one of {SUPPORTED}")
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
@@ -85,22 +88,24 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
                           f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
     if name == "onebitlamb":
         check_freeze_step(block.get("params", {}))
+    if name == "zerooneadam":
+        check_zero_one_adam(block.get("params", {}), stage)
     check_project_block(config)
     if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
         if stage >= 1:
             raise LaunchError(f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
                               f"allreduce that ZeRO turns into a reduce-scatter; use stage 0")
-        if name == "onebitlamb":
-            raise LaunchError("bucket-wise clipping and OneBitLamb both replace the gradient allreduce; "
-                              "enable one of them")
+        if name in ("onebitlamb", "zerooneadam"):
+            raise LaunchError(f"bucket-wise clipping and {block['type']} both replace the gradient allreduce; "
+                              f"enable one of them")
     local = diloco.diloco_settings(config)
     if local is not None:
         problem = diloco.check_settings(local)
         if problem:
             raise LaunchError(problem)
-        if name == "onebitlamb":
-            raise LaunchError("DiLoCo and OneBitLamb cannot be combined: DiLoCo's inner steps do not communicate, "
-                              "OneBitLamb communicates every step; use Lamb or AdamW inside DiLoCo")
+        if name in ("onebitlamb", "zerooneadam"):
+            raise LaunchError(f"DiLoCo and {block['type']} cannot be combined: both decide when the ranks "
+                              f"communicate; use Lamb or AdamW inside DiLoCo")
         if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
             raise LaunchError("DiLoCo and bucket-wise clipping cannot be combined: bucket-wise clipping allreduces "
                               "gradients every step, DiLoCo's inner steps send none; disable one of them")
@@ -133,6 +138,19 @@ def check_project_block(config: dict) -> None:
             if key not in PROJECT_SECTIONS[section]:
                 raise LaunchError(f'unknown key "commodity_bert.{section}.{key}" in the DeepSpeed config; '
                                   f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[section]))}')
+
+
+def check_zero_one_adam(params: dict, stage: int) -> None:
+    if stage >= 1:
+        raise LaunchError(f"ZeroOneAdam cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
+                          f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+    for name in ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
+        value = params.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LaunchError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
+    if params.get("bias_correction", False):
+        raise LaunchError('ZeroOneAdam has no bias correction (DeepSpeed\'s accepted the flag and ignored it); '
+                          'set "bias_correction": false or leave it out')
 
 
 def check_freeze_step(params: dict) -> None:

@@ -8,12 +8,15 @@ from torch import nn
 from commodity_bert.precision import is_priming_step
 
 DEEPSPEED_BUILT = {"adam", "adamw"}
-PROJECT_OPTIMIZERS = {"lamb", "onebitlamb"}
+PROJECT_OPTIMIZERS = {"lamb", "onebitlamb", "zerooneadam"}
 LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}
 # DeepSpeed's OneBitLamb parameter names
 ONEBIT_LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "freeze_step",
                       "coeff_beta", "factor_max", "factor_min", "factor_threshold", "scale_block",
                       "freeze_window", "freeze_threshold", "freeze_min_step", "freeze_max_step"}
+# DeepSpeed's ZeroOneAdam parameter names (bias_correction: accepted when false, as it never had any)
+ZERO_ONE_ADAM_PARAMS = {"lr", "betas", "eps", "weight_decay", "var_freeze_step", "var_update_scaler",
+                        "local_step_scaler", "local_step_clipper", "scale_block"}
 
 
 class Lamb(torch.optim.Optimizer):
@@ -105,6 +108,10 @@ def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
     if name == "lamb":
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}
         return Lamb(groups, **{k: v for k, v in params.items() if k in LAMB_PARAMS}), groups, config
+    if name == "zerooneadam":
+        from commodity_bert.zero_one_adam import ZeroOneAdam
+        config = {k: v for k, v in ds_config.items() if k != "optimizer"}
+        return ZeroOneAdam(groups, **{k: v for k, v in params.items() if k in ZERO_ONE_ADAM_PARAMS}), groups, config
     if name == "onebitlamb":
         from commodity_bert.onebit_lamb import OneBitLamb
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}

@@ -285,3 +285,49 @@ def test_diloco_resumes_mid_round_bit_for_bit(runs, train_data, diloco_config, d
     whole = [[r.get(k) for k in keys] for r in rows(diloco20) if r["step"] > 15]
     assert resumed == whole
     assert identical_across_ranks(pieces)
+
+
+# ---- 0/1 Adam in bf16: T_v, 1-bit steps, local steps and syncs on the wire; resume between syncs
+
+
+@pytest.fixture(scope="module")
+def zero_one_config(runs):
+    return config_file(runs, "cpu_tiny_zero_one_adam.json", **{"bf16.enabled": True})
+
+
+@pytest.fixture(scope="module")
+def zero_one24(runs, train_data, zero_one_config):
+    """Variance steps 1-4, 6, …, 12 (frozen after 12); syncs at 13-16, 18, 20, 24; checkpoint 21 between syncs."""
+    return launch(runs, train_data, "zero_one_bf16", zero_one_config, 24, "--save-every", 7,
+                  "--keep-checkpoints", 4, "--eval-every", 7)
+
+
+def test_zero_one_adam_talks_as_its_schedules_say(zero_one24):
+    history = by_step(zero_one24)
+    full, one_bit, local = [1, 2, 3, 4, 6, 8, 10, 12], [5, 7, 9, 11, 13, 14, 15, 16, 18, 20, 24], [17, 19, 21, 22, 23]
+    assert {history[s]["bytes_sent"] for s in full} == {history[1]["bytes_sent"]}  # DeepSpeed's bf16 allreduce
+    assert {history[s]["bytes_sent"] for s in one_bit} == {history[5]["bytes_sent"]}
+    assert history[5]["bytes_sent"] < history[1]["bytes_sent"] / 4  # 1 + 1 bits a parameter against 16
+    # DeepSpeed's bf16 wrapper agrees on an overflow flag whenever the engine's allreduce is off: one
+    # round besides the 1-bit exchange's four, and all that a local step sends
+    assert {history[s]["comm_rounds"] for s in one_bit} == {5}
+    assert {(history[s]["comm_rounds"], history[s]["bytes_sent"]) for s in local} == {(1, 1)}
+    assert [s for s in history if history[s]["variance_frozen"]] == list(range(12, 25))
+    assert window_loss(history, 24) < history[1]["loss"] - 0.5
+    assert identical_across_ranks(zero_one24)  # the run ended on a sync
+
+
+def test_zero_one_adam_resumes_between_syncs_bit_for_bit(runs, train_data, zero_one_config, zero_one24):
+    """Step 21's checkpoint: every rank's own parameters and momentum (apart since the sync at 20),
+    the momentum sums, the last sync's parameters, the error feedback and both schedules."""
+    pieces = runs / "zero_one_pieces"
+    (pieces / "checkpoints").mkdir(parents=True)
+    shutil.copytree(zero_one24 / "checkpoints" / "step_00000021", pieces / "checkpoints" / "step_00000021")
+    (pieces / "checkpoints" / "latest").write_text("step_00000021")
+    train(2, "--deepspeed_config", zero_one_config, "--model", "tiny", "--data", train_data, "--output-dir", pieces,
+          "--max-steps", 24, "--log-every", 1, "--num-workers", 1, "--eval-every", 7)
+    keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent", "comm_rounds", "val_mlm_acc", "val_loss")
+    resumed = [[r.get(k) for k in keys] for r in rows(pieces)]
+    assert [r[0] for r in resumed] == [22, 23, 24]
+    assert resumed == [[r.get(k) for k in keys] for r in rows(zero_one24) if r["step"] > 21]
+    assert identical_across_ranks(pieces)

@@ -1,0 +1,272 @@
+"""0/1 Adam (Lu et al., arXiv 2202.06009; docs/ALGORITHMS.md, "0/1 Adam"), with DeepSpeed's
+parameter names: `var_freeze_step`, `var_update_scaler`, `local_step_scaler`, `local_step_clipper`.
+
+Written here because DeepSpeed deleted its ZeroOneAdam in 2026 (it needed CUDA and CuPy or MPI,
+refused ZeRO, and restarted its schedules and error feedback at every checkpoint load). This one
+runs over any torch.distributed backend and its whole state is in its checkpoints.
+
+Steps t = 1, 2, … (DeepSpeed's fp16/bf16 priming call is not one; overflow-skipped steps are
+not steps, on every rank alike: the wrapper agrees on overflows whenever the engine's allreduce is
+off).
+
+Variance stage (t ≤ var_freeze_step). The variance is updated only on the steps of T_v, from the
+gradient the engine allreduced in full precision there; T_v's gaps start at 1 and double after
+every `var_update_scaler` updates (16 steps in a row, then 16 updates every second step, …). On
+the other steps the engine's allreduce is off and the gradient travels 1-bit compressed with
+error feedback (commodity_bert/onebit_allreduce.py). Every step: m ← β1·m + (1 − β1)·g,
+p ← p − lr·(m/(√v + ε) + wd·p).
+
+Local-step stage (t > var_freeze_step; v frozen, the error buffers restarted): each rank steps
+alone with its local gradient, m ← β1·m + (1 − β1)·g, p ← p − lr·(m/(√v + ε) + wd·p), and keeps
+u = Σ lr·m and Λ = Σ lr since the last sync. On the steps of T_u ("1-bit sync") the ranks average u
+through the 1-bit allreduce, ū; every rank goes back to the parameters p₀ of the last sync and
+takes the averaged step p ← p₀ − ū/(√v + ε) − wd·Λ·p₀, with m ← ū/Λ. T_u's gap starts at 1 and
+doubles every `local_step_scaler` steps, up to `local_step_clipper` (the paper's H).
+
+Where this departs from DeepSpeed's code (docs/ALGORITHMS.md says why): weight decay is applied
+from p₀ at a sync rather than folded into u (there it re-entered the momentum, about 11× the
+decay); no step is spent on an initialization call; a resume continues the schedules and the
+error feedback instead of restarting them. Like DeepSpeed's, it has no bias correction.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from commodity_bert.onebit_allreduce import CompressedAllreduce
+from commodity_bert.precision import is_priming_step
+
+
+def variance_updates(var_freeze_step: int, var_update_scaler: int) -> int:
+    """How many steps of T_v come before the freeze."""
+    updates, interval, counter = 0, 1, 0
+    for t in range(1, var_freeze_step + 1):
+        if t % interval == 0:
+            updates, counter = updates + 1, counter + 1
+            if counter == var_update_scaler:
+                interval, counter = interval * 2, 0
+    return updates
+
+
+class ZeroOneAdam(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, var_freeze_step: int = 100000, var_update_scaler: int = 16,
+                 local_step_scaler: int = 32678, local_step_clipper: int = 16, scale_block: int | None = 256):
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
+                            ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
+        self.var_freeze_step = var_freeze_step
+        self.var_update_scaler = var_update_scaler
+        self.local_step_scaler = local_step_scaler
+        self.local_step_clipper = local_step_clipper
+        self.scale_block = scale_block
+        self.schedule = {"step": 0, "var_interval": 1, "var_counter": 0, "local_interval": 1, "local_counter": 0,
+                         "lr_sum": 0.0}
+        self.compressor: CompressedAllreduce | None = None
+        # switches the engine's full-precision gradient allreduce for the next step (train.py)
+        self.engine_allreduce: Callable[[bool], None] | None = None
+        self.synced_last_step = True  # whether the last step ended with the ranks' parameters equal
+
+    def short_variance_warning(self) -> str | None:
+        """Without bias correction the frozen v holds 1 − β2^k of the gradients' scale after k
+        updates, and every later step is 1/√(1 − β2^k) times larger: say so when that is over √2."""
+        beta2 = self.param_groups[0]["betas"][1]
+        k = variance_updates(self.var_freeze_step, self.var_update_scaler)
+        held = 1 - beta2 ** k
+        if held >= 0.5:
+            return None
+        return (f"warning: ZeroOneAdam freezes the variance after {k} updates with beta2 {beta2}: it then holds "
+                f"{held:.0%} of the gradients' scale (0/1 Adam has no bias correction), so steps are "
+                f"{held ** -0.5:.1f}x larger than Adam's; raise var_freeze_step or lower beta2")
+
+    # ---- the schedules
+    @property
+    def frozen(self) -> bool:
+        return self.schedule["step"] >= self.var_freeze_step
+
+    def is_variance_step(self, t: int) -> bool:
+        return t <= self.var_freeze_step and t % self.schedule["var_interval"] == 0
+
+    def next_step_allreduced(self) -> bool:
+        """Whether the engine must allreduce the next step's gradients (a step of T_v)."""
+        return self.is_variance_step(self.schedule["step"] + 1)
+
+    def _tell_engine(self) -> None:
+        if self.engine_allreduce is not None:
+            self.engine_allreduce(self.next_step_allreduced())
+
+    def _params(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield group, p
+
+    def _ensure_compressor(self) -> CompressedAllreduce:
+        if self.compressor is None:
+            tensors = [p for _, p in self._params()]
+            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device,
+                                                  scale_block=self.scale_block)
+        return self.compressor
+
+    def _compressed_average(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        averaged = self._ensure_compressor()(flat)
+        out, offset = [], 0
+        for t in tensors:
+            out.append(averaged[offset: offset + t.numel()].view_as(t))
+            offset += t.numel()
+        return out
+
+    @staticmethod
+    def _mask(state: dict, x: torch.Tensor) -> torch.Tensor:
+        """What came through the 1-bit exchange, zeroed where v = 0: an element that no variance
+        step gave a gradient (an embedding row not seen yet, an unused weight) has an exact average
+        of 0 there, and the quantization noise the exchange puts in its place, divided by √0 + ε,
+        would be a huge step. (DeepSpeed left this to a mask the training script had to supply.)"""
+        return x.mul_(state["exp_avg_sq"].ne(0))
+
+    # ---- the step
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        if self.schedule["step"] == 0 and is_priming_step(self):
+            self._tell_engine()
+            return loss
+        t = self.schedule["step"] + 1
+        self.schedule["step"] = t
+        for group, p in self._params():
+            state = self.state[p]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+        if t <= self.var_freeze_step:
+            self._variance_stage_step(t)
+        else:
+            self._local_stage_step(t)
+        if t == self.var_freeze_step:
+            self._freeze()
+        self._tell_engine()
+        return loss
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                for _, p in self._params()]
+
+    def _variance_stage_step(self, t: int) -> None:
+        grads = self._grads()
+        variance_step = self.is_variance_step(t)
+        if not variance_step:
+            grads = self._compressed_average(grads)
+        for (group, p), g in zip(self._params(), grads):
+            state = self.state[p]
+            beta1, beta2 = group["betas"]
+            if variance_step:
+                state["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            else:
+                self._mask(state, g)
+            state["exp_avg"].lerp_(g, 1 - beta1)
+            update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
+            if group["weight_decay"]:
+                update.add_(p.float(), alpha=group["weight_decay"])
+            p.add_((-group["lr"] * update).to(p.dtype))
+        if variance_step:
+            self.schedule["var_counter"] += 1
+            if self.schedule["var_counter"] == self.var_update_scaler:
+                self.schedule["var_counter"] = 0
+                self.schedule["var_interval"] *= 2
+
+    def _freeze(self) -> None:
+        """v is final; the error feedback restarts, since it will carry another quantity (u)."""
+        compressor = self._ensure_compressor()
+        compressor.worker_error.zero_()
+        compressor.server_error.zero_()
+        for _, p in self._params():
+            state = self.state[p]
+            state["momentum_sum"] = torch.zeros_like(state["exp_avg"])  # u = Σ lr·m
+            # the parameters of the last sync, alike on every rank: kept, not rebuilt by subtracting
+            # what this rank applied since, whose rounding differs from rank to rank
+            state["sync_params"] = p.detach().float().clone()
+
+    def _local_stage_step(self, t: int) -> None:
+        grads = self._grads()
+        lr_now = self.param_groups[0]["lr"]
+        self.schedule["lr_sum"] += lr_now
+        for (group, p), g in zip(self._params(), grads):
+            state = self.state[p]
+            state["exp_avg"].lerp_(g * state["exp_avg_sq"].ne(0), 1 - group["betas"][0])  # see _mask
+            state["momentum_sum"].add_(state["exp_avg"], alpha=group["lr"])
+            update = state["exp_avg"] / (state["exp_avg_sq"].sqrt() + group["eps"])
+            if group["weight_decay"]:
+                update.add_(p.float(), alpha=group["weight_decay"])
+            p.add_((-group["lr"] * update).to(p.dtype))
+        sync = t % self.schedule["local_interval"] == 0
+        if sync:
+            self._one_bit_sync()
+        self.synced_last_step = sync
+        self.schedule["local_counter"] += 1
+        if self.schedule["local_counter"] == self.local_step_scaler:
+            self.schedule["local_counter"] = 0
+            self.schedule["local_interval"] = min(self.local_step_clipper, 2 * self.schedule["local_interval"])
+
+    def _one_bit_sync(self) -> None:
+        entries = [(group, p, self.state[p]) for group, p in self._params()]
+        averaged = self._compressed_average([s["momentum_sum"] for _, _, s in entries])
+        lr_sum = self.schedule["lr_sum"]
+        for (group, p, state), u in zip(entries, averaged):
+            u = self._mask(state, u)
+            start = state["sync_params"]
+            new = start - u / (state["exp_avg_sq"].sqrt() + group["eps"])
+            if group["weight_decay"]:  # decoupled, from the shared point: the decay of Λ = Σ lr
+                new.add_(start, alpha=-group["weight_decay"] * lr_sum)
+            p.copy_(new.to(p.dtype))
+            start.copy_(new)
+            if lr_sum > 0:
+                state["exp_avg"].copy_(u / lr_sum)
+            state["momentum_sum"].zero_()
+        self.schedule["lr_sum"] = 0.0
+
+    @contextlib.contextmanager
+    def shared_params(self, push_to_model: Callable[[], None]):
+        """Between two syncs each rank has parameters of its own; inside, the parameters of the last
+        sync, which every rank shares (for evaluation and export). `push_to_model` copies the
+        optimizer's tensors into the model (DeepSpeed's fp16/bf16 master copies)."""
+        if self.synced_last_step:
+            yield
+            return
+        kept = []
+        for _, p in self._params():
+            kept.append(p.detach().clone())
+            p.data.copy_(self.state[p]["sync_params"])
+        push_to_model()
+        try:
+            yield
+        finally:
+            for (_, p), k in zip(self._params(), kept):
+                p.data.copy_(k)
+            push_to_model()
+
+    # ---- checkpoints: the schedules travel with the optimizer state; the error buffers are the rank's
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["zero_one"] = {**self.schedule, "synced_last_step": self.synced_last_step}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        schedule = state_dict.pop("zero_one", None)
+        super().load_state_dict(state_dict)
+        if schedule is not None:
+            self.synced_last_step = schedule.pop("synced_last_step", True)
+            self.schedule.update(schedule)
+        self._tell_engine()
+
+    def rank_state_dict(self) -> dict:
+        return {"compressor": self.compressor.state_dict() if self.compressor else None}
+
+    def load_rank_state_dict(self, state: dict) -> None:
+        if state.get("compressor") is not None:
+            self._ensure_compressor().load_state_dict(state["compressor"])

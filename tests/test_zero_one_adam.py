@@ -1,0 +1,133 @@
+"""0/1 Adam on 2 real gloo ranks: its two schedules (T_v, T_u) as the collectives it makes show
+them, the ranks' parameters equal after every sync and apart between, the shared parameters for
+evaluation, weight decay from the last sync's parameters, and the launch checks. End to end
+through train.py: tests/test_training_paths.py."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import free_port
+from test_comm import _join_gloo
+from torch import nn
+
+from commodity_bert.bytes_counter import BytesCounter
+from commodity_bert.zero_one_adam import ZeroOneAdam, variance_updates
+
+FREEZE, KAPPA, SCALER, CLIPPER, STEPS = 12, 4, 4, 4, 28
+LR, DECAY = 0.01, 0.1
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(6, 16)
+        self.out = nn.Linear(16, 1)
+        self.unused = nn.Parameter(torch.ones(4))  # never gets a gradient: only weight decay moves it
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(x))).pow(2).mean()
+
+
+def _flat(module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def _worker(rank, world, port, results):
+    _join_gloo(rank, world, port)
+    torch.manual_seed(0)
+    model = TwoLayers()
+    optimizer = ZeroOneAdam(model.parameters(), lr=LR, betas=(0.9, 0.9), weight_decay=DECAY, var_freeze_step=FREEZE,
+                            var_update_scaler=KAPPA, local_step_scaler=SCALER, local_step_clipper=CLIPPER,
+                            scale_block=32)
+    engine_flags = []
+    optimizer.engine_allreduce = engine_flags.append
+    allreduced_next = optimizer.next_step_allreduced()
+    per_step, equal, shared_equal, decay_ok = [], [], [], []
+    for step in range(1, STEPS + 1):
+        torch.manual_seed(1000 * rank + step)  # each rank its own data
+        loss = model(torch.randn(8, 6))
+        optimizer.zero_grad()
+        loss.backward()
+        if allreduced_next:  # what DeepSpeed's engine does on a step of T_v
+            for p in model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+        if step == FREEZE + 1:
+            last_synced, since_sync = model.unused.detach().clone(), 0
+        since_sync = since_sync + 1 if step > FREEZE else 0
+        with BytesCounter() as wire:
+            optimizer.step()
+        per_step.append((allreduced_next, wire.calls))
+        allreduced_next = engine_flags[-1]
+        mine = _flat(model)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        equal.append(all(torch.equal(every[0], e) for e in every))
+        if optimizer.frozen and step > FREEZE:
+            with optimizer.shared_params(lambda: None):
+                shared = _flat(model)
+            dist.all_gather(every, shared)
+            shared_equal.append(all(torch.equal(every[0], e) for e in every))
+            if optimizer.synced_last_step:  # decoupled decay of Λ = Σ lr from the last sync's parameters
+                expected = last_synced * (1 - DECAY * LR * since_sync)
+                decay_ok.append(float((model.unused.detach() - expected).abs().max()))
+                last_synced, since_sync = model.unused.detach().clone(), 0
+    results[rank] = {"per_step": per_step, "equal": equal, "shared_equal": shared_equal, "decay": decay_ok,
+                     "loss_end": float(loss)}
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results():
+    shared = mp.Manager().dict()
+    mp.spawn(_worker, args=(2, free_port(), shared), nprocs=2)
+    return dict(shared)
+
+
+def test_the_variance_is_updated_on_t_v_from_allreduced_gradients(results):
+    """κ = 4: steps 1-4, then every 2nd step up to the freeze at 12; 1-bit gradients between."""
+    assert variance_updates(FREEZE, KAPPA) == 8
+    per_step = results[0]["per_step"]
+    allreduced = [step for step, (full, _) in enumerate(per_step, 1) if full]
+    assert allreduced == [1, 2, 3, 4, 6, 8, 10, 12]
+    for step, (full, calls) in enumerate(per_step[:FREEZE], 1):
+        assert calls == (0 if full else 4), step  # the 1-bit exchange: 2 all-to-alls, 2 all-gathers
+    assert all(results[0]["equal"][:FREEZE]) and all(results[1]["equal"][:FREEZE])
+
+
+def test_local_steps_sync_on_t_u_and_the_ranks_agree_after_each_sync(results):
+    """After the freeze: syncs every step for 4 steps, every 2nd for 4, then every 4th (the clipper)."""
+    per_step = results[0]["per_step"]
+    syncs = [step for step, (_, calls) in enumerate(per_step, 1) if step > FREEZE and calls]
+    assert syncs == [13, 14, 15, 16, 18, 20, 24, 28]
+    assert all(calls in (0, 4) for _, calls in per_step[FREEZE:])
+    for rank in (0, 1):
+        equal = results[rank]["equal"]
+        assert [s for s in range(FREEZE + 1, STEPS + 1) if equal[s - 1]] == syncs  # apart between syncs
+        assert all(results[rank]["shared_equal"])  # the last sync's parameters, alike on every rank
+
+
+def test_weight_decay_is_decoupled_from_the_last_syncs_parameters(results):
+    for rank in (0, 1):
+        assert len(results[rank]["decay"]) == 8
+        assert max(results[rank]["decay"]) < 1e-7
+
+
+def _config(params, **extra):
+    return {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "ZeroOneAdam", "params": params}, **extra}
+
+
+@pytest.mark.parametrize("config,phrase", [
+    (_config({}, zero_optimization={"stage": 1}), "ZeroOneAdam cannot run under ZeRO stage 1"),
+    (_config({"bias_correction": True}), 'ZeroOneAdam has no bias correction'),
+    (_config({"local_step_clipper": 0}), "ZeroOneAdam local_step_clipper 0: give a positive integer"),
+    (_config({}, commodity_bert={"diloco": {}}), "DiLoCo and ZeroOneAdam cannot be combined"),
+    (_config({}, commodity_bert={"bucketwise_clipping": {"enabled": True}}),
+     "bucket-wise clipping and ZeroOneAdam both replace the gradient allreduce"),
+])
+def test_bad_zero_one_adam_configs_are_refused(config, phrase):
+    from commodity_bert.launch_checks import LaunchError, check_deepspeed_config
+    with pytest.raises(LaunchError) as refused:
+        check_deepspeed_config(config, 2)
+    assert phrase in str(refused.value)
