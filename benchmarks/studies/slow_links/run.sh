@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Study 3 (first part): LAMB, DiLoCo (H = 10, 50) and 0/1 Adam at equal samples on mini, 2 ranks on
+# one machine (no link shaping: accuracy, bytes and rounds do not depend on the link), seed 1.
+# The data are Study 1's. Run again to resume. Figures: benchmarks/RESULTS.md.
+#
+#   bash benchmarks/studies/slow_links/run.sh [WORK]        # default /tmp/slow_links
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+WORK=${1:-/tmp/slow_links}
+PY=${PYTHON:-.venv/bin/python}
+S=benchmarks/studies/slow_links
+if [ ! -f "$WORK/seq128/manifest.json" ]; then
+    mkdir -p "$WORK"
+    $PY -m data_prep vocab --input embedded:sotu --vocab-size 8192 --output "$WORK/vocab.txt"
+    $PY -m data_prep shards --input embedded:sotu --vocab "$WORK/vocab.txt" --output "$WORK/seq128" \
+        --seq-len 128 --dupe-factor 1 --num-shards 4 --val-fraction 0.05
+fi
+COMMON="--data $WORK/seq128 --model mini --ranks 2 --samples 19200 --eval-every 25 --seeds 1
+        --train-args=--num-workers=1 --out $WORK/mini"
+$PY -m commodity_bert.ablate --configs $S/lamb.json $S/zero_one_adam.json $COMMON
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=10,50 $COMMON
+$PY -m commodity_bert.ablate --configs $S/adamw.json $COMMON
+# diagnosis: the outer step as plain averaging (lr 1, no momentum), to tell the outer momentum's part
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=10 \
+    --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 $COMMON
