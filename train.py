@@ -269,17 +269,17 @@ def main() -> None:
     wire = BytesCounter().install()
     samples, clocks = 0, {}
     diloco = None
+    masters = MasterParams(engine.optimizer)  # the fp32 tensors the optimizer steps, and the way into the model
     if resume_tag is not None:
         state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
         if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)):
             optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
         if "local" in rank_state:  # 0/1 Adam between two syncs: this rank's own parameters and moments
-            MasterParams(engine.optimizer).load_rank_state(rank_state["local"])
+            masters.load_rank_state(rank_state["local"])
         if diloco_config:
             if "diloco" not in state:
                 fail(f"{resume_dir / resume_tag} was not trained with DiLoCo; resume it with its own config, or "
                      f"start from its weights with --init-from {resume_dir / resume_tag} --resume none")
-            masters = MasterParams(engine.optimizer)
             masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
             diloco = DiLoCo(masters, diloco_config)
             diloco.load_state_dict(state["diloco"])
@@ -300,7 +300,7 @@ def main() -> None:
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
     if diloco_config and diloco is None:
-        diloco = DiLoCo(MasterParams(engine.optimizer), diloco_config)
+        diloco = DiLoCo(masters, diloco_config)
     if diloco and rank == 0:
         print(f"DiLoCo: {diloco.describe()}", flush=True)
     # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own; evaluation
@@ -308,7 +308,7 @@ def main() -> None:
     if diloco:
         shared_model = diloco.global_model
     elif isinstance(optimizer, ZeroOneAdam):
-        shared_model = functools.partial(optimizer.shared_params, MasterParams(engine.optimizer).push_to_model)
+        shared_model = functools.partial(optimizer.shared_params, masters.push_to_model)
     else:
         shared_model = contextlib.nullcontext
     lowercase = manifest["vocab"].get("lowercase", True)
@@ -363,7 +363,7 @@ def main() -> None:
         rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)) \
             else None
         if isinstance(optimizer, ZeroOneAdam) and not optimizer.synced_last_step:
-            rank_state["local"] = MasterParams(engine.optimizer).rank_state()
+            rank_state["local"] = masters.rank_state()
         if diloco:  # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
             client_state["diloco"] = diloco.state_dict()
             rank_state = {"diloco": diloco.masters.rank_state()}

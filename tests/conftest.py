@@ -29,6 +29,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_ranks(worker, world: int, *args) -> dict:
+    """{rank: what `worker(rank, world, port, results, *args)` put in results[rank]}, from one spawn
+    of `world` real processes (each joins the gloo group itself)."""
+    import torch.multiprocessing as mp
+    results = mp.Manager().dict()
+    mp.spawn(worker, args=(world, free_port(), results, *args), nprocs=world)
+    return dict(results)
+
+
 def shard_checksums(data_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(data_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(data_dir.rglob("*.hdf5"))}

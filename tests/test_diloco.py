@@ -6,8 +6,7 @@ End to end through train.py: tests/test_training_paths.py."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import spawn_ranks
 from test_precision import TinyEmbeddingModel, _fp16_wrapper, _join
 
 from commodity_bert.bytes_counter import BytesCounter
@@ -114,30 +113,21 @@ def _fp16_overflow_on_one_rank(rank, results):
                        torch.equal(fp16, masters.half().float()), all(torch.equal(f, fp16) for f in _gathered(fp16)))
 
 
-def _worker(rank, world, port, queue):
+def _worker(rank, world, port, shared):
     _join(rank, world, port)
     results = {}
     for compression in ("none", "bf16", "int8"):
         _rounds_against_reference(rank, compression, results)
     _shared_model_and_rank_state(rank, results)
     _fp16_overflow_on_one_rank(rank, results)
-    queue.put((rank, results))
+    shared[rank] = results
     dist.barrier()
     dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def results():
-    world, port, ctx = 2, free_port(), mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = dict(queue.get(timeout=300) for _ in range(world))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
+    return spawn_ranks(_worker, 2)
 
 
 @pytest.mark.parametrize("compression,tolerance", [("none", 1e-5), ("bf16", 2e-2), ("int8", 2e-2)])

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import spawn_ranks
 from torch import nn
 
 FREEZE = 3
@@ -123,14 +122,14 @@ def _onebit_row_mask_under_bf16(rank, world, results):
                            float((table[0] - start[0]).abs().max()))
 
 
-def _worker(rank, world, port, queue):
+def _worker(rank, world, port, shared):
     _join(rank, world, port)
     results = {}
     if rank == 0:
         _loss_scale_and_overflow(results)
     _bucketwise_under_loss_scale(rank, world, results)
     _onebit_row_mask_under_bf16(rank, world, results)
-    queue.put((rank, results))
+    shared[rank] = results
     dist.barrier()
     dist.destroy_process_group()
 
@@ -138,16 +137,7 @@ def _worker(rank, world, port, queue):
 @pytest.fixture(scope="module")
 def results():
     """{rank: what that rank measured}, from one spawn of 2 ranks for all the tests here."""
-    world, port, ctx = 2, free_port(), mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = dict(queue.get(timeout=300) for _ in range(world))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return out
+    return spawn_ranks(_worker, 2)
 
 
 def test_loss_scale_is_read_as_deepspeed_reads_it(results):

@@ -60,6 +60,16 @@ def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=N
     return float(torch.linalg.vector_norm(torch.stack([(g / world).norm() for g in total])))
 
 
+def crashed_after(whole, step: int, pieces):
+    """`pieces` as if its run had died right after `whole`'s checkpoint of `step`: that
+    checkpoint and nothing later."""
+    tag = f"step_{step:08d}"
+    (pieces / "checkpoints").mkdir(parents=True)
+    shutil.copytree(whole / "checkpoints" / tag, pieces / "checkpoints" / tag)
+    (pieces / "checkpoints" / "latest").write_text(tag)
+    return pieces
+
+
 def by_step(run) -> dict:
     return {r["step"]: r for r in rows(run) if "loss" in r}
 
@@ -207,10 +217,7 @@ def test_zero2_bf16_shipped_config_resumes_bit_for_bit(tmp_path, train_data):
               train_data, "--log-every", 1, "--num-workers", 1]
     whole, pieces = tmp_path / "whole", tmp_path / "pieces"
     train(2, *common, "--output-dir", whole, "--max-steps", 8, "--save-every", 3)
-    # the crash lost everything after step 3's checkpoint (step 6's included)
-    (pieces / "checkpoints").mkdir(parents=True)
-    shutil.copytree(whole / "checkpoints" / "step_00000003", pieces / "checkpoints" / "step_00000003")
-    (pieces / "checkpoints" / "latest").write_text("step_00000003")
+    crashed_after(whole, 3, pieces)  # the crash lost everything after step 3's checkpoint (step 6's included)
     train(2, *common, "--output-dir", pieces, "--max-steps", 8)
     keys = ("step", "loss", "mlm_acc", "grad_norm")
     assert [r["step"] for r in rows(pieces)] == [4, 5, 6, 7, 8]
@@ -273,10 +280,7 @@ def test_diloco_resumes_mid_round_bit_for_bit(runs, train_data, diloco_config, d
     """From step 15's checkpoint, in the middle of round 2: every rank's own parameters and LAMB
     state, θ and the outer momentum (no longer zero after round 1) come back, and the rest of the
     round and its outer step equal the uninterrupted run's."""
-    pieces = runs / "diloco_pieces"
-    (pieces / "checkpoints").mkdir(parents=True)
-    shutil.copytree(diloco20 / "checkpoints" / "step_00000015", pieces / "checkpoints" / "step_00000015")
-    (pieces / "checkpoints" / "latest").write_text("step_00000015")
+    pieces = crashed_after(diloco20, 15, runs / "diloco_pieces")
     train(2, "--deepspeed_config", diloco_config, "--model", "tiny", "--data", train_data, "--output-dir", pieces,
           "--max-steps", 20, "--log-every", 1, "--num-workers", 1, "--eval-every", 5)
     keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent", "comm_rounds", "val_mlm_acc", "val_loss")
@@ -320,10 +324,7 @@ def test_zero_one_adam_talks_as_its_schedules_say(zero_one24):
 def test_zero_one_adam_resumes_between_syncs_bit_for_bit(runs, train_data, zero_one_config, zero_one24):
     """Step 21's checkpoint: every rank's own parameters and momentum (apart since the sync at 20),
     the momentum sums, the last sync's parameters, the error feedback and both schedules."""
-    pieces = runs / "zero_one_pieces"
-    (pieces / "checkpoints").mkdir(parents=True)
-    shutil.copytree(zero_one24 / "checkpoints" / "step_00000021", pieces / "checkpoints" / "step_00000021")
-    (pieces / "checkpoints" / "latest").write_text("step_00000021")
+    pieces = crashed_after(zero_one24, 21, runs / "zero_one_pieces")
     train(2, "--deepspeed_config", zero_one_config, "--model", "tiny", "--data", train_data, "--output-dir", pieces,
           "--max-steps", 24, "--log-every", 1, "--num-workers", 1, "--eval-every", 7)
     keys = ("step", "loss", "mlm_acc", "grad_norm", "bytes_sent", "comm_rounds", "val_mlm_acc", "val_loss")

@@ -5,8 +5,7 @@ through train.py: tests/test_training_paths.py."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import spawn_ranks
 from test_comm import _join_gloo
 from torch import nn
 
@@ -80,9 +79,7 @@ def _worker(rank, world, port, results):
 
 @pytest.fixture(scope="module")
 def results():
-    shared = mp.Manager().dict()
-    mp.spawn(_worker, args=(2, free_port(), shared), nprocs=2)
-    return dict(shared)
+    return spawn_ranks(_worker, 2)
 
 
 def test_the_variance_is_updated_on_t_v_from_allreduced_gradients(results):
