@@ -374,11 +374,16 @@ def main() -> None:
     def grads_averaged() -> bool:
         return clipper is None and diloco is None and engine.enable_backward_allreduce
 
+    ranks_step_alone = diloco is not None or isinstance(optimizer, ZeroOneAdam)
+
     def measure_grad_norm():
-        """Before clipping (the clipper and the optimizer step have not run yet)."""
+        """Before clipping (the clipper and the optimizer step have not run yet). Where the ranks
+        step alone (DiLoCo, 0/1 Adam) each takes its own gradient's norm, which the logged row
+        combines (bookkeeping.py): no gradient-sized allreduce just for the metrics."""
         averaged = grads_averaged()
+        own = ranks_step_alone and not averaged
         with book.unlogged():
-            return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged)
+            return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged or own), own
 
     # ---- the loop
     last_eval: dict = {}
@@ -389,7 +394,8 @@ def main() -> None:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
             # free to measure every step where DeepSpeed averaged the gradients; else at logged steps
-            grad_norm, measure = None, zero_stage == 0 and (book.is_log_step(step) or grads_averaged())
+            grad_norm, own_norm = None, False
+            measure = zero_stage == 0 and (book.is_log_step(step) or grads_averaged())
             for micro in range(accumulation):
                 batch = book.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
@@ -402,7 +408,7 @@ def main() -> None:
                         clipper.start_boundary_backward()
                     engine.backward(loss)
                 if boundary and measure:
-                    grad_norm = measure_grad_norm()
+                    grad_norm, own_norm = measure_grad_norm()
                 if clipper and boundary:
                     clipper.finish()
                 if local_clip and boundary:
@@ -414,7 +420,7 @@ def main() -> None:
             if diloco and (diloco.is_round_end(step) or step >= max_steps):
                 # the last step ends a round too: what the run evaluates and exports is one model
                 diloco.outer_step()
-            book.end_step(grad_norm)
+            book.end_step(grad_norm, own_norm)
             samples += total_batch
             decision = book.decide(step, stop.signalled)
 

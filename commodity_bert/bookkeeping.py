@@ -7,9 +7,11 @@ Clocks: `wall_s` is the run's wall time and `trained_s` the same with evaluation
 (the checkpoint keeps them), and `--time-budget` is measured on `wall_s`, so a preempted and
 relaunched run stops where one uninterrupted run would have.
 
-`grad_norm` in the metrics means one thing on every path: the L2 norm of the gradient averaged
-over ranks, without the loss scale, before any clipping, at the logged step (train.py measures
-it; null where it was not measured)."""
+`grad_norm` in the metrics is the L2 norm of the gradient averaged over ranks, without the loss
+scale, before any clipping, at the logged step (train.py measures it; null where it was not
+measured). Under DiLoCo and 0/1 Adam, where each rank steps on a gradient of its own and no
+average is ever formed, it is the root mean square of the ranks' own gradient norms, summed in
+the row's allreduce: averaging the whole gradient only to log it would send as much as a sync."""
 from __future__ import annotations
 
 import contextlib
@@ -75,6 +77,7 @@ class Bookkeeping:
         self.window.zero_()
         self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
         self.grad_norm: torch.Tensor | None = None
+        self.grad_norm_per_rank = False  # grad_norm is this rank's own (see the module's docstring)
         self.unlogged_bytes, self.unlogged_calls = 0, 0  # the loop's own traffic, not training's
         self.window_started, self.evaluating_at_start = time.time(), self.evaluating
         self.bytes_at_start, self.calls_at_start = self.wire.total, self.wire.calls
@@ -93,9 +96,9 @@ class Bookkeeping:
         self.flops += flops
         self.micro_batches += 1
 
-    def end_step(self, grad_norm) -> None:
+    def end_step(self, grad_norm, per_rank: bool = False) -> None:
         self.steps += 1
-        self.grad_norm = grad_norm
+        self.grad_norm, self.grad_norm_per_rank = grad_norm, per_rank and grad_norm is not None
 
     @contextlib.contextmanager
     def unlogged(self):
@@ -160,13 +163,20 @@ class Bookkeeping:
         comm_rounds = (self.wire.calls - self.calls_at_start - self.unlogged_calls) / self.steps
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
-        total_flops = sum_across_ranks({"flops": self.flops}, self.device)["flops"]
+        sums = {"flops": self.flops}
+        if self.grad_norm_per_rank:  # alike on every rank: the same path measured the same step
+            sums["grad_norm_sq"] = float(self.grad_norm) ** 2
+        sums = sum_across_ranks(sums, self.device)
+        total_flops = sums["flops"]
+        grad_norm = None if self.grad_norm is None else float(self.grad_norm)
+        if self.grad_norm_per_rank:
+            grad_norm = (sums["grad_norm_sq"] / self.world) ** 0.5
         seconds = time.time() - self.window_started - (self.evaluating - self.evaluating_at_start)
         row = {"step": step, "samples": samples, "elapsed_s": self.trained_s(),
                "loss": totals["loss"] / (self.micro_batches * self.world),
                "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
                "lr": lr, "loss_scale": loss_scale,
-               "grad_norm": None if self.grad_norm is None else float(self.grad_norm),
+               "grad_norm": grad_norm,
                "seq_per_s": self.steps * self.total_batch / seconds,
                "tokens_per_s": totals["real_tokens"] / seconds,
                "tflops": total_flops / seconds / 1e12,

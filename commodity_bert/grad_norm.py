@@ -5,7 +5,9 @@ Where DeepSpeed has averaged the gradients by the time backward returns (its all
 the norm costs no communication. Where the ranks' gradients are never averaged in full
 precision (bucket-wise clipping sends clipped buckets; 1-bit LAMB after the freeze sends 1-bit
 momenta), they are averaged here once, at logged steps only, and the caller leaves that
-traffic out of `bytes_sent`. Under ZeRO 1/2 the gradients are partitioned and DeepSpeed's own
+traffic out of `bytes_sent`. Where each rank steps on its own gradient (DiLoCo, 0/1 Adam) the
+caller asks for this rank's own norm (`averaged=True` on unaveraged gradients: no communication)
+and the metrics row combines the ranks' norms. Under ZeRO 1/2 the gradients are partitioned and DeepSpeed's own
 norm (`engine.get_global_grad_norm()`: averaged, unscaled, before clipping) is the same
 quantity."""
 from __future__ import annotations

@@ -39,11 +39,12 @@ def launch(tmp_dir, data, name, config, steps, *extra):
     return run
 
 
-def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=None) -> float:
+def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=None, per_rank=False) -> float:
     """Step 1's gradient norm computed here, without DeepSpeed: the same initial weights, batches
-    and dropout as train.py's ranks, the gradient averaged over ranks and micro-batches."""
+    and dropout as train.py's ranks, the gradient averaged over ranks and micro-batches (with
+    `per_rank`, the root mean square of each rank's own gradient's norm, as DiLoCo logs it)."""
     manifest = fmt.load_manifest(data)
-    total = None
+    total, own = None, []
     for rank in range(world):
         torch.manual_seed(SEED)
         hf = build_model(build_config("tiny", manifest["vocab"]["size"]), nsp=manifest["nsp"])
@@ -56,7 +57,10 @@ def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=N
             loss, _ = model(next(stream))
             (loss / accumulation).backward()
         grads = [p.grad.detach().clone() for p in model.parameters()]
+        own.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
         total = grads if total is None else [a + b for a, b in zip(total, grads)]
+    if per_rank:
+        return (sum(n * n for n in own) / world) ** 0.5
     return float(torch.linalg.vector_norm(torch.stack([(g / world).norm() for g in total])))
 
 
@@ -263,6 +267,9 @@ def test_diloco_communicates_once_a_round(diloco20, train_data):
         else:  # one fp32 allreduce of the pseudo-gradient: 2(N−1)/N × 4 bytes a parameter
             assert (row["comm_rounds"], row["bytes_sent"]) == (1, 4 * numel), row
     assert history[20]["outer_rounds"] == 2 and history[20]["samples"] == 20 * 64
+    # the ranks' own gradients' norms, not the norm of an average nobody formed (no allreduce for it)
+    assert history[1]["grad_norm"] == pytest.approx(
+        reference_grad_norm(train_data, 16, accumulation=2, per_rank=True), rel=0.01)
     assert window_loss(history, 20) < history[1]["loss"] - 0.2  # lr still warming up (30 steps)
     assert identical_across_ranks(diloco20)  # the run ends with an outer step
 

@@ -23,3 +23,15 @@ $PY -m commodity_bert.ablate --configs $S/adamw.json $COMMON
 # diagnosis: the outer step as plain averaging (lr 1, no momentum), to tell the outer momentum's part
 $PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=10 \
     --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 $COMMON
+
+# Second part (issue 20, item 4): 1-bit LAMB (Study 1's config, frozen at 50%) in the same grid;
+# DiLoCo with plain averaging and a bf16 pseudo-gradient at H = 50 and 200; then second seeds.
+$PY -m commodity_bert.ablate --configs benchmarks/studies/onebit_freeze/onebit_lamb.json $COMMON
+PLAIN="--vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0
+       --vary commodity_bert.diloco.compression=bf16"
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=50,200 $PLAIN $COMMON
+SEED2=${COMMON/--seeds 1/--seeds 1 2}
+$PY -m commodity_bert.ablate --configs $S/lamb.json benchmarks/studies/onebit_freeze/onebit_lamb.json $SEED2
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=50 $PLAIN $SEED2
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=10 \
+    --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 $SEED2
