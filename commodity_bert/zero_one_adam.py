@@ -39,15 +39,47 @@ from commodity_bert.onebit_allreduce import CompressedAllreduce
 from commodity_bert.precision import is_priming_step
 
 
+def fresh_schedule() -> dict:
+    return {"step": 0, "var_interval": 1, "var_counter": 0, "local_interval": 1, "local_counter": 0, "lr_sum": 0.0}
+
+
+def after_variance_step(schedule: dict, var_update_scaler: int) -> None:
+    """T_v: the gap doubles after every `var_update_scaler` variance updates."""
+    schedule["var_counter"] += 1
+    if schedule["var_counter"] == var_update_scaler:
+        schedule["var_counter"] = 0
+        schedule["var_interval"] *= 2
+
+
+def after_local_step(schedule: dict, local_step_scaler: int, local_step_clipper: int) -> None:
+    """T_u: the gap doubles after every `local_step_scaler` local steps, up to the clipper."""
+    schedule["local_counter"] += 1
+    if schedule["local_counter"] == local_step_scaler:
+        schedule["local_counter"] = 0
+        schedule["local_interval"] = min(local_step_clipper, 2 * schedule["local_interval"])
+
+
+def step_kinds(steps: int, var_freeze_step: int, var_update_scaler: int, local_step_scaler: int,
+               local_step_clipper: int):
+    """What each step t = 1 … `steps` sends, by the optimizer's own schedule rules: "full" (a
+    variance step: the engine's full-precision allreduce), "onebit" (1-bit gradient), "local"
+    (nothing) or "sync" (a local step, then the 1-bit sync). For bert-plan and the tests."""
+    schedule = fresh_schedule()
+    for t in range(1, steps + 1):
+        if t <= var_freeze_step:
+            if t % schedule["var_interval"] == 0:
+                yield "full"
+                after_variance_step(schedule, var_update_scaler)
+            else:
+                yield "onebit"
+        else:
+            yield "sync" if t % schedule["local_interval"] == 0 else "local"
+            after_local_step(schedule, local_step_scaler, local_step_clipper)
+
+
 def variance_updates(var_freeze_step: int, var_update_scaler: int) -> int:
     """How many steps of T_v come before the freeze."""
-    updates, interval, counter = 0, 1, 0
-    for t in range(1, var_freeze_step + 1):
-        if t % interval == 0:
-            updates, counter = updates + 1, counter + 1
-            if counter == var_update_scaler:
-                interval, counter = interval * 2, 0
-    return updates
+    return sum(kind == "full" for kind in step_kinds(var_freeze_step, var_freeze_step, var_update_scaler, 1, 1))
 
 
 class ZeroOneAdam(torch.optim.Optimizer):
@@ -65,8 +97,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self.local_step_scaler = local_step_scaler
         self.local_step_clipper = local_step_clipper
         self.scale_block = scale_block
-        self.schedule = {"step": 0, "var_interval": 1, "var_counter": 0, "local_interval": 1, "local_counter": 0,
-                         "lr_sum": 0.0}
+        self.schedule = fresh_schedule()
         self.compressor: CompressedAllreduce | None = None
         # switches the engine's full-precision gradient allreduce for the next step (train.py)
         self.engine_allreduce: Callable[[bool], None] | None = None
@@ -174,10 +205,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
                 update.add_(p.float(), alpha=group["weight_decay"])
             p.add_((-group["lr"] * update).to(p.dtype))
         if variance_step:
-            self.schedule["var_counter"] += 1
-            if self.schedule["var_counter"] == self.var_update_scaler:
-                self.schedule["var_counter"] = 0
-                self.schedule["var_interval"] *= 2
+            after_variance_step(self.schedule, self.var_update_scaler)
 
     def _freeze(self) -> None:
         """v is final; the error feedback restarts, since it will carry another quantity (u)."""
@@ -207,10 +235,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         if sync:
             self._one_bit_sync()
         self.synced_last_step = sync
-        self.schedule["local_counter"] += 1
-        if self.schedule["local_counter"] == self.local_step_scaler:
-            self.schedule["local_counter"] = 0
-            self.schedule["local_interval"] = min(self.local_step_clipper, 2 * self.schedule["local_interval"])
+        after_local_step(self.schedule, self.local_step_scaler, self.local_step_clipper)
 
     def _one_bit_sync(self) -> None:
         entries = [(group, p, self.state[p]) for group, p in self._params()]

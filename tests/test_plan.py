@@ -79,6 +79,37 @@ def test_step_estimates_by_hand():
     assert (one_gpu.compute_s, one_gpu.comm_s) == (pytest.approx(16 * 0.5 + 0.1), 0.0)
 
 
+def test_zero_one_adam_and_diloco_steps_by_hand():
+    latency = Network(link_bytes_per_s=1.25e9, latency_s=0.01)
+    w = work(compress_s=0.05, wrapped=True, zero_one_schedule=(12, 4, 4, 4), inner_steps=10)
+    onebit_s = 1.5 * 1e8 * 0.140625 / 1.25e9 + 4 * 3 * 0.01  # 4 collectives of 3 hops each
+    flag_s = 1.5 * 1 / 1.25e9 + 6 * 0.01  # the bf16/fp16 wrapper's overflow flag: a ring's 6 hops
+    local = step_estimate(w, "zero_one_adam", "local", 4, 1, latency)
+    assert (local.compute_s, local.comm_s, local.rounds) == (pytest.approx(2.1), pytest.approx(flag_s), 1)
+    sync = step_estimate(w, "zero_one_adam", "sync", 4, 1, latency)
+    assert (sync.compute_s, sync.comm_s, sync.rounds) == (pytest.approx(2.15), pytest.approx(onebit_s + flag_s), 5)
+    assert sync.bytes_per_rank == pytest.approx(1.5 * 1e8 * 0.140625 + 1.5)
+    fp32_local = step_estimate(work(zero_one_schedule=(12, 4, 4, 4)), "zero_one_adam", "local", 4, 1, latency)
+    assert (fp32_local.comm_s, fp32_local.rounds, fp32_local.bytes_per_rank) == (0.0, 0, 0.0)
+    full = step_estimate(w, "zero_one_adam", "full", 4, 1, latency)
+    assert full.comm_s == pytest.approx(0.24 + 6 * 0.01) and full.rounds == 1
+
+    # 28 steps of test_zero_one_adam's schedule: 8 variance steps, 4 1-bit, 8 syncs, 8 local
+    phase = phase_estimate(work(steps=28, zero_one_schedule=(12, 4, 4, 4)), "zero_one_adam", 4, 1, latency)
+    assert {k: v["steps"] for k, v in phase["stages"].items()} == {"full": 8, "onebit": 4, "sync": 8, "local": 8}
+
+    inner = step_estimate(w, "diloco", "inner", 4, 1, latency)  # no_sync: not even the flag
+    assert (inner.compute_s, inner.comm_s, inner.rounds) == (pytest.approx(2.1), 0.0, 0)
+    for compression, size, rounds in (("none", 4e8, 1), ("bf16", 2e8, 1), ("int8", 1e8 * (1 + 4 / 256), 2)):
+        outer = step_estimate(work(outer_compression=compression), "diloco", "outer", 4, 1, latency)
+        assert outer.bytes_per_rank == pytest.approx(1.5 * size) and outer.rounds == rounds
+        assert outer.comm_s == pytest.approx(1.5 * size / 1.25e9 + rounds * 6 * 0.01 / (1 if rounds == 1 else 2))
+        assert outer.compute_s == pytest.approx(2.2)  # and the outer update's pass
+    # H = 10 over 25 steps: outer steps at 10, 20 and 25 (the last step ends a round too)
+    phase = phase_estimate(work(steps=25, inner_steps=10), "diloco", 4, 1, latency)
+    assert (phase["stages"]["inner"]["steps"], phase["stages"]["outer"]["steps"]) == (22, 3)
+
+
 def test_phase_and_recipe_totals_by_hand():
     w = work(freeze_step=4)
     phase = phase_estimate(w, "onebit_lamb", 4, 1, TEN_GBIT)
@@ -118,6 +149,23 @@ def test_estimate_cli_by_hand_recipe(tmp_path):
     assert onebit4["comm_s"] < lamb4["comm_s"]  # compressed after the freeze
     assert png.stat().st_size > 10_000
     assert "lamb" in proc.stdout and "efficiency" in proc.stdout
+
+
+def test_estimate_cli_knows_the_slow_link_modes_from_the_shipped_configs(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = plan("estimate", "--gpu-tflops", 125, "--link", "1gbit", "--latency-ms", 20, "--nodes", "4",
+                "--gpus-per-node", 4, "--model", "large", "--recipe", "--optimizer", "lamb,zero_one_adam,diloco",
+                "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    lamb, zero_one, diloco = json.loads(out.read_text())
+    # 0/1 Adam's recipe: batch 4,096 for the LAMB recipe's samples; its schedule's kinds of steps
+    assert [p["steps"] for p in zero_one["phases"]] == [112608, 12504]
+    assert set(zero_one["phases"][0]["stages"]) == {"full", "onebit", "local", "sync"}
+    # DiLoCo: H = 50 and a bf16 pseudo-gradient, against LAMB's fp16 allreduce every step: 50× fewer bytes
+    outer = diloco["phases"][0]["stages"]["outer"]
+    assert outer["steps"] == -(-7038 // 50) and outer["rounds_per_step"] == 1
+    assert lamb["bytes_per_rank"] / diloco["bytes_per_rank"] == pytest.approx(50, rel=0.01)
+    assert diloco["comm_s"] < lamb["comm_s"] / 40
 
 
 @pytest.mark.parametrize("args, words", [

@@ -10,7 +10,7 @@ from test_comm import _join_gloo
 from torch import nn
 
 from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.zero_one_adam import ZeroOneAdam, variance_updates
+from commodity_bert.zero_one_adam import ZeroOneAdam, step_kinds, variance_updates
 
 FREEZE, KAPPA, SCALER, CLIPPER, STEPS = 12, 4, 4, 4, 28
 LR, DECAY = 0.01, 0.1
@@ -103,6 +103,18 @@ def test_local_steps_sync_on_t_u_and_the_ranks_agree_after_each_sync(results):
         equal = results[rank]["equal"]
         assert [s for s in range(FREEZE + 1, STEPS + 1) if equal[s - 1]] == syncs  # apart between syncs
         assert all(results[rank]["shared_equal"])  # the last sync's parameters, alike on every rank
+
+
+def test_the_planners_step_kinds_are_what_the_optimizer_sent(results):
+    """bert-plan counts 0/1 Adam's traffic with step_kinds: the same schedule the run followed."""
+    observed = []
+    for step, (full, calls) in enumerate(results[0]["per_step"], 1):
+        if step <= FREEZE:
+            observed.append("full" if full else "onebit")
+        else:
+            observed.append("sync" if calls else "local")
+    assert list(step_kinds(STEPS, FREEZE, KAPPA, SCALER, CLIPPER)) == observed
+    assert observed.count("sync") == 8 and observed.count("onebit") == 4
 
 
 def test_weight_decay_is_decoupled_from_the_last_syncs_parameters(results):

@@ -12,7 +12,8 @@
 The model (commodity_bert/plan/step_model.py): step = compute + exposed communication, a ring
 allreduce's bytes over the measured per-rank bandwidth plus its latency hops; bucket-wise
 clipping hides buckets behind backward; 1-bit LAMB pays full-gradient steps until its freeze
-step, then 1 bit per element plus scales. README: "How long will it take on my cluster?".
+step, then 1 bit per element plus scales; 0/1 Adam follows its variance and local-step schedules
+(full, 1-bit, local and sync steps); DiLoCo sends nothing for H − 1 steps, then the pseudo-gradient. README: "How long will it take on my cluster?".
 """
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     work.add_argument("--config", type=Path, help="one DeepSpeed config instead of the recipe")
     work.add_argument("--seq-len", type=int, default=128, help="with --config")
     work.add_argument("--steps", type=int, help="with --config (default: its scheduler's total_num_steps)")
-    work.add_argument("--freeze-step", type=int, help="1-bit LAMB's freeze step to assume (default: the config's; "
-                                                      "for auto, its freeze_max_step)")
+    work.add_argument("--freeze-step", type=int, help="1-bit LAMB's freeze step (0/1 Adam's var_freeze_step) to "
+                                                      "assume (default: the config's; for auto, its freeze_max_step)")
     work.add_argument("--vocab-size", type=int, default=30522)
     work.add_argument("--log-every", type=int, default=50,
                       help="train.py's --log-every (the recipes': 50); 0 leaves logging out")
@@ -123,10 +124,12 @@ def estimate(args) -> list[dict]:
         if args.config:
             config = e.read_config(args.config)
             works = [e.workload("config", config, args.model, args.seq_len, compute, args.vocab_size, args.steps,
-                                args.freeze_step, gpus_per_node, optimizer == "onebit_lamb", args.log_every)]
+                                args.freeze_step, gpus_per_node, optimizer == "onebit_lamb", args.log_every,
+                                optimizer)]
         else:
             works = [e.workload(phase, e.read_config(path), args.model, seq_len, compute, args.vocab_size, None,
-                                args.freeze_step, onebit=optimizer == "onebit_lamb", log_every=args.log_every)
+                                args.freeze_step, onebit=optimizer == "onebit_lamb", log_every=args.log_every,
+                                optimizer=optimizer)
                      for phase, path, seq_len in e.recipe_configs(args.model, optimizer)]
         for w in works:
             notes += [n for n in w.notes if n not in notes]

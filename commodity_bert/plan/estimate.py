@@ -2,12 +2,15 @@
 from figures given by hand, over the shipped recipe's phases or one config."""
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from commodity_bert.diloco import DEFAULTS as DILOCO_DEFAULTS
+from commodity_bert.diloco import diloco_settings
 from commodity_bert.plan.step_model import (
     GBIT,
     OPTIMIZERS,
@@ -16,6 +19,7 @@ from commodity_bert.plan.step_model import (
     Workload,
     parse_rate,
 )
+from commodity_bert.zero_one_adam import ZeroOneAdam
 
 REPO = Path(__file__).resolve().parents[2]
 DS_CONFIGS = REPO / "ds_configs"
@@ -116,7 +120,7 @@ def freeze_step_of(config: dict, steps: int, override: int | None, notes: list[s
 
 def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute, vocab_size: int,
              steps: int | None, freeze_override: int | None, world_hint: int = 1, onebit: bool = False,
-             log_every: int = 0) -> Workload:
+             log_every: int = 0, optimizer: str = "lamb") -> Workload:
     micro = int(config.get("train_micro_batch_size_per_gpu") or 0)
     batch = int(config.get("train_batch_size") or 0)
     if not micro:
@@ -142,18 +146,46 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
     sync_local_s = compute.grad_sync_local_s_per_param * params
     bucket_mb = config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("bucket_mb", 25)
     params_block = config.get("optimizer", {}).get("params", {})
+    extra = {}
+    if optimizer == "zero_one_adam":
+        extra["zero_one_schedule"] = zero_one_schedule_of(name, config, freeze_override, notes)
+    if optimizer == "diloco":
+        settings = diloco_settings(config)
+        if settings is None:
+            settings = {**DILOCO_DEFAULTS, "enabled": True}
+            notes.append(f"{name}: no commodity_bert.diloco block in the config; DiLoCo's defaults assumed "
+                         f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
+        extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"])
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
                     grad_bytes=2 if precision_of(config) in ("fp16", "bf16") else 4, fb_s=fb_s,
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
                     compress_s=compute.compress_s_per_param * params,
                     freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
-                    log_every=log_every, notes=notes)
+                    log_every=log_every, wrapped=precision_of(config) != "fp32", notes=notes, **extra)
+
+
+ZERO_ONE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")
+
+
+def zero_one_schedule_of(name: str, config: dict, freeze_override: int | None, notes: list[str]) -> tuple:
+    """0/1 Adam's four schedule numbers from the config, ZeroOneAdam's defaults where it has none."""
+    defaults = inspect.signature(ZeroOneAdam).parameters
+    optimizer = config.get("optimizer", {})
+    params = optimizer.get("params", {}) if str(optimizer.get("type", "")).lower() == "zerooneadam" else {}
+    if not params:
+        notes.append(f"{name}: the config's optimizer is not ZeroOneAdam; 0/1 Adam's defaults assumed "
+                     f"(var_freeze_step {defaults['var_freeze_step'].default}, local_step_clipper "
+                     f"{defaults['local_step_clipper'].default}; --freeze-step sets var_freeze_step)")
+    values = [int(params.get(k, defaults[k].default)) for k in ZERO_ONE_KEYS]
+    if freeze_override is not None:
+        values[0] = freeze_override
+    return tuple(values)
 
 
 def recipe_configs(model: str, optimizer: str) -> list[tuple[str, Path, int]]:
     """(phase, config, seq len) of the shipped recipe for `optimizer`."""
-    kind = "onebit_lamb" if optimizer == "onebit_lamb" else "lamb"
+    kind = {"onebit_lamb": "onebit_lamb", "zero_one_adam": "zero_one_adam", "diloco": "diloco_lamb"}.get(optimizer, "lamb")
     out = []
     for phase, seq_len in RECIPE_SEQ_LEN.items():
         path = DS_CONFIGS / f"bert_{model}_{phase}_{kind}_fp16.json"

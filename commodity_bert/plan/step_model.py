@@ -25,19 +25,32 @@ Communication, per step, over the slowest link of a ring:
               (1/8 + 4/scale_block) bytes per rank over all W ranks, in the optimizer step
               (not overlapped), plus the compression stage's extra work over LAMB's step
               (measured by preflight on a one-rank group).
-  logged steps: where gradients are never averaged in full (bucketwise; 1-bit LAMB once
-              compressed) train.py's gradient norm allreduces the fp32 gradient at every
-              logged step: 1/log_every of a full allreduce per step, outside `bytes_sent`.
+  zero_one_adam  0/1 Adam's steps, by its own schedule (zero_one_adam.step_kinds): "full"
+              (a variance step: as lamb), "onebit" (the 1-bit exchange of the gradient, as
+              1-bit LAMB's), "local" (no exchange) and "sync" (a local step, then the 1-bit
+              exchange). Under fp16/bf16 every step but "full" also pays DeepSpeed's wrapper's
+              overflow-flag allreduce: one latency-bound round (1 byte).
+  diloco      H − 1 inner steps with no communication at all, then an outer step: the pseudo-
+              gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 (1 byte a
+              parameter plus a 4-byte scale per 256, in an all-to-all and an all-gather), and
+              the outer update's passes over the parameters (counted as one optimizer step).
+  logged steps: where gradients are never averaged in full but the ranks train one model
+              (bucketwise; 1-bit LAMB once compressed) train.py's gradient norm allreduces the
+              fp32 gradient at every logged step: 1/log_every of a full allreduce per step,
+              outside `bytes_sent`. (DiLoCo and 0/1 Adam log the ranks' own norms: no traffic.)
 """
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+
+from commodity_bert.diloco import INT8_BLOCK
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs
-OPTIMIZERS = ("lamb", "onebit_lamb", "bucketwise")
+OPTIMIZERS = ("lamb", "onebit_lamb", "bucketwise", "zero_one_adam", "diloco")
 
 
 class PlanError(Exception):
@@ -83,13 +96,18 @@ class Network:
         return seconds
 
     def onebit_exchange_s(self, elements: int, scale_block: int | None, nodes: int, gpus_per_node: int) -> float:
-        """The compressed allreduce among all W ranks: each rank sends equal parts to its W−1
-        peers, (W−G)/(W−1) of them on other nodes; a node's G ranks share its link."""
+        """The compressed allreduce (onebit_allreduce.py): 2 all-to-alls and 2 all-gathers."""
+        return self.pairwise_exchange_s(elements * onebit_bytes_per_element(scale_block), 4, nodes, gpus_per_node)
+
+    def pairwise_exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int) -> float:
+        """A reduce-scatter by all-to-all and an all-gather of `size` bytes (compressed) among all
+        W ranks: each rank sends equal parts to its W−1 peers, (W−G)/(W−1) of them on other nodes;
+        a node's G ranks share its link."""
         world = nodes * gpus_per_node
         if world == 1:
             return 0.0
-        per_rank = ring_allreduce_bytes(elements * onebit_bytes_per_element(scale_block), world)
-        seconds = 4 * (world - 1) * (self.latency_s if nodes > 1 else self.intra_latency_s)  # 4 collectives
+        per_rank = ring_allreduce_bytes(size, world)
+        seconds = collectives * (world - 1) * (self.latency_s if nodes > 1 else self.intra_latency_s)
         if nodes > 1:
             seconds += gpus_per_node * per_rank * (world - gpus_per_node) / (world - 1) / self.link_bytes_per_s
         if gpus_per_node > 1:
@@ -114,6 +132,11 @@ class Workload:
     scale_block: int | None = 256
     bucket_bytes: float = 25 * 2**20  # bucket-wise clipping's bucket (fp32)
     log_every: int = 0          # train.py's --log-every (0: not counted)
+    wrapped: bool = False       # fp16/bf16 through DeepSpeed's wrapper (its overflow-flag round)
+    # 0/1 Adam: var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper
+    zero_one_schedule: tuple[int, int, int, int] = (100000, 16, 32678, 16)
+    inner_steps: int = 50       # DiLoCo's H
+    outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8
     notes: list[str] = field(default_factory=list)
 
 
@@ -138,7 +161,8 @@ def accumulation_steps(work: Workload, world: int) -> int:
 
 def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
                   net: Network) -> StepEstimate:
-    """One step of `optimizer` at `stage` ('full' gradients, or 'compressed' for 1-bit LAMB),
+    """One step of `optimizer` at `stage` (one of stage_steps' kinds: 'full' gradients,
+    'compressed' for 1-bit LAMB, 0/1 Adam's and DiLoCo's own),
     with train.py's gradient norm at logged steps where the ranks' gradients were never
     averaged in full (1-bit LAMB's compression stage, bucket-wise clipping): an fp32 allreduce
     of the whole gradient every `log_every` steps (grad_norm.py)."""
@@ -158,10 +182,33 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
     world = nodes * gpus_per_node
     accumulation = accumulation_steps(work, world)
     compute = accumulation * work.fb_s + work.optimizer_s
+    flag = work.wrapped and world > 1  # the fp16/bf16 wrapper agrees on overflows when the engine's allreduce is off
     if optimizer == "onebit_lamb" and stage == "compressed":  # no gradient allreduce: its own flatten
         exchange = net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
         sent = ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
-        return StepEstimate(compute + work.compress_s, exchange, exchange, sent, 4 if world > 1 else 0)
+        if flag:
+            exchange, sent = exchange + net.allreduce_s(1.0, nodes, gpus_per_node), sent + ring_allreduce_bytes(1.0, world)
+        return StepEstimate(compute + work.compress_s, exchange, exchange, sent, (4 + flag) if world > 1 else 0)
+    if optimizer == "diloco" and stage == "inner":  # engine.no_sync(): not even the overflow flag
+        return StepEstimate(compute, 0.0, 0.0, 0.0, 0)
+    if optimizer == "diloco":
+        compute += work.optimizer_s  # the outer update's passes over the parameters
+        if work.outer_compression == "int8":
+            size = work.params * (1 + 4 / INT8_BLOCK)
+            seconds = net.pairwise_exchange_s(size, 2, nodes, gpus_per_node)
+            return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 2 if world > 1 else 0)
+        size = work.params * (2.0 if work.outer_compression == "bf16" else 4.0)
+        seconds = net.allreduce_s(size, nodes, gpus_per_node)
+        return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
+    if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
+        seconds = net.allreduce_s(1.0, nodes, gpus_per_node) if flag else 0.0
+        sent, rounds = (ring_allreduce_bytes(1.0, world), 1) if flag else (0.0, 0)
+        if stage in ("onebit", "sync") and world > 1:
+            compute += work.compress_s
+            seconds += net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
+            sent += ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
+            rounds += 4
+        return StepEstimate(compute, seconds, seconds, sent, rounds)
     compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
     if optimizer == "bucketwise":
         size = 4.0 * work.params  # bucket_clip.py communicates fp32
@@ -172,20 +219,31 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         hidden_behind = BACKWARD_SHARE * work.fb_s * (buckets - 1) / buckets
         exposed = max(total - hidden_behind, last) if world > 1 else 0.0
         return StepEstimate(compute, exposed, total, ring_allreduce_bytes(size, world), buckets if world > 1 else 0)
-    if optimizer in ("lamb", "onebit_lamb"):
+    if optimizer in ("lamb", "onebit_lamb", "zero_one_adam"):
         size = float(work.grad_bytes * work.params)
         seconds = net.allreduce_s(size, nodes, gpus_per_node)
         return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
     raise PlanError(f"optimizer {optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
 
 
-def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int, net: Network) -> dict:
-    """A phase's totals: for 1-bit LAMB, the full-gradient steps up to the freeze, then compressed."""
+def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
+    """How many of the phase's steps are of each kind."""
     if optimizer == "onebit_lamb":
         warm = min(work.freeze_step, work.steps)
-        stages = [("full", warm), ("compressed", work.steps - warm)]
-    else:
-        stages = [("full", work.steps)]
+        return [("full", warm), ("compressed", work.steps - warm)]
+    if optimizer == "zero_one_adam":
+        from commodity_bert.zero_one_adam import step_kinds
+        counts = Counter(step_kinds(work.steps, *work.zero_one_schedule))
+        return [(kind, counts[kind]) for kind in ("full", "onebit", "local", "sync") if counts[kind]]
+    if optimizer == "diloco":  # an outer step every H steps, and at the last (train.py)
+        outer = math.ceil(work.steps / work.inner_steps)
+        return [("inner", work.steps - outer), ("outer", outer)]
+    return [("full", work.steps)]
+
+
+def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int, net: Network) -> dict:
+    """A phase's totals over its kinds of steps (stage_steps)."""
+    stages = stage_steps(work, optimizer)
     seconds = compute = comm = sent = 0.0
     detail = {}
     for stage, steps in stages:
