@@ -60,9 +60,13 @@ def prepare_data(work: Path) -> Path:
     return data
 
 
-def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) -> dict:
+def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, config: dict | None = None,
+                first_steady: int | None = None) -> dict:
+    """Train `variant` (or `config`) on the cluster; medians over the windows between metrics rows
+    that lie wholly at or after the steady state's first step (`first_steady`)."""
     config_path = work / f"{variant}.json"
-    config_path.write_text(json.dumps(variant_config(variant, args.micro_batch, args.steps, args.freeze_step)))
+    config = config or variant_config(variant, args.micro_batch, args.steps, args.freeze_step)
+    config_path.write_text(json.dumps(config))
     run = work / f"{variant}_{len(cluster.hosts)}hosts_{args.current_rate}"
     cmd = [*cluster.exec_prefix(0), str(Path(sys.executable).parent / "deepspeed"), "--hostfile",
            str(cluster.hostfile), "--master_port", "29700", "train.py", "--deepspeed_config", str(config_path),
@@ -83,7 +87,7 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) ->
     if proc.returncode:
         raise SystemExit(f"{variant} on {len(cluster.hosts)} hosts failed; see {log.name}")
     rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
-    first = args.freeze_step + 2 if variant == "onebit_lamb" else 3  # steady state: after the freeze
+    first = first_steady or (args.freeze_step + 2 if variant == "onebit_lamb" else 3)  # after the freeze
     logged = sorted(rows)
     # each row covers the steps since the one before (--log-every); steady: wholly at or after `first`
     windows = [(prev, s) for prev, s in zip(logged, logged[1:]) if prev + 1 >= first and prev in samples and s in samples]
@@ -94,7 +98,9 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args) ->
         "seq_per_s": statistics.median(rows[s]["seq_per_s"] for _, s in windows),
         "bytes_metrics": statistics.median(rows[s]["bytes_sent"] for _, s in windows),
         "bytes_interface": statistics.median((samples[s] - samples[prev]) / (s - prev) for prev, s in windows),
+        "rounds": statistics.median(rows[s]["comm_rounds"] for _, s in windows),
         "steady_steps": sum(s - prev for prev, s in windows),
+        "windows": windows,
     }
 
 
