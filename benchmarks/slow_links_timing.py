@@ -41,8 +41,7 @@ from slow_network import prepare_data, run_variant, variant_config  # noqa: E402
 from tools.netns_cluster import Cluster, unavailable_reason  # noqa: E402
 
 from commodity_bert.plan import estimate as e  # noqa: E402
-from commodity_bert.plan.step_model import step_estimate  # noqa: E402
-from commodity_bert.zero_one_adam import step_kinds  # noqa: E402
+from commodity_bert.plan.step_model import step_estimate, step_sequence  # noqa: E402
 
 VARIANTS = {  # variant: (planner optimizer, steps, log every)
     "lamb": ("lamb", 12, 4),
@@ -69,20 +68,6 @@ def config_of(variant: str, micro_batch: int, steps: int) -> dict:
     return config
 
 
-def kinds(variant: str, config: dict, steps: int) -> list[str]:
-    """The kind of each step 1 … steps, as the planner names them."""
-    if variant == "lamb":
-        return ["full"] * steps
-    if variant == "onebit_lamb":
-        return ["full" if t <= FREEZE else "compressed" for t in range(1, steps + 1)]
-    if variant == "zero_one_adam":
-        p = config["optimizer"]["params"]
-        return list(step_kinds(steps, p["var_freeze_step"], p["var_update_scaler"], p["local_step_scaler"],
-                               p["local_step_clipper"]))
-    h = config["commodity_bert"]["diloco"]["inner_steps"]
-    return ["outer" if t % h == 0 or t == steps else "inner" for t in range(1, steps + 1)]
-
-
 def predict(profile: dict, variant: str, config: dict, args, steps: int, windows: list[tuple[int, int]]) -> dict:
     optimizer = VARIANTS[variant][0]
     compute = e.compute_from_profile(profile)
@@ -90,7 +75,7 @@ def predict(profile: dict, variant: str, config: dict, args, steps: int, windows
     work = e.workload(variant, config, args.model, profile["ranks"][0]["seq_len"], compute, 30522, steps, FREEZE,
                       world_hint=args.hosts, onebit=optimizer == "onebit_lamb", log_every=VARIANTS[variant][2],
                       optimizer=optimizer)
-    per_step = kinds(variant, config, steps)
+    per_step = step_sequence(work, optimizer)
     cache = {}
     for kind in set(per_step):
         cache[kind] = step_estimate(work, optimizer, kind, args.hosts, 1, net)

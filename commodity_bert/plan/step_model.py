@@ -226,19 +226,27 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
     raise PlanError(f"optimizer {optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
 
 
-def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
-    """How many of the phase's steps are of each kind."""
+def step_sequence(work: Workload, optimizer: str) -> list[str]:
+    """The kind of each of the phase's steps 1 … steps, as train.py runs them."""
     if optimizer == "onebit_lamb":
-        warm = min(work.freeze_step, work.steps)
-        return [("full", warm), ("compressed", work.steps - warm)]
+        return ["full" if t <= work.freeze_step else "compressed" for t in range(1, work.steps + 1)]
     if optimizer == "zero_one_adam":
         from commodity_bert.zero_one_adam import step_kinds
-        counts = Counter(step_kinds(work.steps, *work.zero_one_schedule))
-        return [(kind, counts[kind]) for kind in ("full", "onebit", "local", "sync") if counts[kind]]
+        return list(step_kinds(work.steps, *work.zero_one_schedule))
     if optimizer == "diloco":  # an outer step every H steps, and at the last (train.py)
+        return ["outer" if t % work.inner_steps == 0 or t == work.steps else "inner" for t in range(1, work.steps + 1)]
+    return ["full"] * work.steps
+
+
+def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
+    """How many of the phase's steps are of each kind, in order of first appearance."""
+    if optimizer in ("onebit_lamb", "diloco"):  # by arithmetic: phases run to 10⁵ steps
+        if optimizer == "onebit_lamb":
+            warm = min(work.freeze_step, work.steps)
+            return [("full", warm), ("compressed", work.steps - warm)]
         outer = math.ceil(work.steps / work.inner_steps)
         return [("inner", work.steps - outer), ("outer", outer)]
-    return [("full", work.steps)]
+    return list(Counter(step_sequence(work, optimizer)).items())
 
 
 def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int, net: Network) -> dict:
