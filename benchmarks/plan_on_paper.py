@@ -1,6 +1,7 @@
 """BERT-large on 16–256 commodity GPUs over 1, 10 and 25 Gbit/s Ethernet, LAMB against 1-bit
 LAMB, on paper: `bert-plan estimate` by hand (no GPU was measured), one run per link and
-freeze assumption, summarised in one table.
+freeze assumption, summarised in one table; then a second table of every mode's shipped recipe
+(LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo) per link and latency.
 
     python benchmarks/plan_on_paper.py [--gpu-tflops 125] [--mfu 0.35] [--gpus-per-node 4]
         [--json OUT] [--markdown OUT.md]
@@ -41,6 +42,8 @@ def main() -> None:
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--nodes", default="4,8,16,64")
     parser.add_argument("--links", nargs="+", default=["1gbit", "10gbit", "25gbit"])
+    parser.add_argument("--latencies-ms", type=float, nargs="+", default=[0.05, 20.0],
+                        help="per ring hop, for the modes table (a LAN; two sites joined over the internet)")
     parser.add_argument("--usd-per-gpu-hour", type=float, default=2.0)
     parser.add_argument("--json")
     parser.add_argument("--markdown")
@@ -84,10 +87,44 @@ def main() -> None:
     table = "\n".join(lines)
     print(f"BERT-large recipe, {args.gpus_per_node} GPUs per node at {args.gpu_tflops:g} TFLOP/s × MFU {args.mfu:g}\n")
     print(table)
+    modes, modes_table = slow_link_modes(args)
+    print("\nThe shipped recipes of each mode (--recipe), phases 1 + 2, logging every 50 steps\n")
+    print(modes_table)
     if args.markdown:
-        Path(args.markdown).write_text(table + "\n")
+        Path(args.markdown).write_text(table + "\n\n" + modes_table + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows, "modes": modes}, indent=1))
+
+
+MODES = "lamb,onebit_lamb,zero_one_adam,diloco"
+
+
+def slow_link_modes(args) -> tuple[list[dict], str]:
+    """Every mode's shipped recipe (the configs bert-plan --recipe reads), per link, latency and
+    node count: days, bytes per rank and the share of the step spent communicating."""
+    rows = []
+    for link in args.links:
+        for latency_ms in args.latencies_ms:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "rows.json"
+                subprocess.run([sys.executable, "-m", "commodity_bert.plan", "estimate", "--gpu-tflops",
+                                str(args.gpu_tflops), "--mfu", str(args.mfu), "--link", link, "--latency-ms",
+                                str(latency_ms), "--nodes", args.nodes, "--gpus-per-node", str(args.gpus_per_node),
+                                "--model", "large", "--recipe", "--optimizer", MODES, "--usd-per-gpu-hour",
+                                str(args.usd_per_gpu_hour), "--json", str(out)],
+                               check=True, cwd=REPO, capture_output=True, text=True)
+                for r in json.loads(out.read_text()):
+                    rows.append({"link": link, "latency_ms": latency_ms, **{k: v for k, v in r.items() if k != "phases"},
+                                 "stages_phase1": r["phases"][0]["stages"]})
+    lamb = {(r["link"], r["latency_ms"], r["gpus"]): r for r in rows if r["optimizer"] == "lamb"}
+    lines = ["| link | latency per hop | GPUs | mode | days | vs LAMB | comm share of step | bytes per rank | LAMB's ÷ this |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ref = lamb[(r["link"], r["latency_ms"], r["gpus"])]
+        lines.append(f"| {r['link']} | {r['latency_ms']:g} ms | {r['gpus']} | {r['optimizer']} | {r['days']:.2f} | "
+                     f"{ref['days'] / r['days']:.2f}× | {r['comm_s'] / r['step_s']:.0%} | "
+                     f"{r['bytes_per_rank'] / 1e12:.2f} TB | {ref['bytes_per_rank'] / r['bytes_per_rank']:.1f}× |")
+    return rows, "\n".join(lines)
 
 
 if __name__ == "__main__":
