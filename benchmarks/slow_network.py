@@ -61,9 +61,9 @@ def prepare_data(work: Path) -> Path:
 
 
 def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, config: dict | None = None,
-                first_steady: int | None = None) -> dict:
+                first_steady: int | None = None, last_steady: int | None = None) -> dict:
     """Train `variant` (or `config`) on the cluster; medians over the windows between metrics rows
-    that lie wholly at or after the steady state's first step (`first_steady`)."""
+    that lie wholly within the steady steps (`first_steady` … `last_steady`)."""
     config_path = work / f"{variant}.json"
     config = config or variant_config(variant, args.micro_batch, args.steps, args.freeze_step)
     config_path.write_text(json.dumps(config))
@@ -90,7 +90,8 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, co
     first = first_steady or (args.freeze_step + 2 if variant == "onebit_lamb" else 3)  # after the freeze
     logged = sorted(rows)
     # each row covers the steps since the one before (--log-every); steady: wholly at or after `first`
-    windows = [(prev, s) for prev, s in zip(logged, logged[1:]) if prev + 1 >= first and prev in samples and s in samples]
+    windows = [(prev, s) for prev, s in zip(logged, logged[1:]) if prev + 1 >= first and prev in samples and s in samples
+               and (last_steady is None or s <= last_steady)]
     total_batch = args.micro_batch * len(cluster.hosts)
     return {
         "variant": variant, "hosts": len(cluster.hosts), "link": args.current_rate,

@@ -9,9 +9,11 @@ relaunched run stops where one uninterrupted run would have.
 
 `grad_norm` in the metrics is the L2 norm of the gradient averaged over ranks, without the loss
 scale, before any clipping, at the logged step (train.py measures it; null where it was not
-measured). Under DiLoCo and 0/1 Adam, where each rank steps on a gradient of its own and no
-average is ever formed, it is the root mean square of the ranks' own gradient norms, summed in
-the row's allreduce: averaging the whole gradient only to log it would send as much as a sync."""
+measured). On steps where the engine did not average the gradients and the ranks step on
+their own (DiLoCo's every step; 0/1 Adam's 1-bit and local steps, not its variance steps) it is
+the root mean square of the ranks' own gradient norms, summed in the row's allreduce: averaging
+the whole gradient only to log it would send as much as a sync. Under 0/1 Adam's variance stage
+the logged series therefore alternates between the two."""
 from __future__ import annotations
 
 import contextlib

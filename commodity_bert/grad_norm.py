@@ -1,12 +1,12 @@
-"""The gradient norm of the metrics, one definition on every path: the L2 norm of the gradient
-averaged over ranks, without the loss scale, before any clipping.
+"""The gradient norm of the metrics: the L2 norm of the gradient averaged over ranks, without the
+loss scale, before any clipping (where ranks step on their own gradients, see below).
 
 Where DeepSpeed has averaged the gradients by the time backward returns (its allreduce, ZeRO 0)
 the norm costs no communication. Where the ranks' gradients are never averaged in full
 precision (bucket-wise clipping sends clipped buckets; 1-bit LAMB after the freeze sends 1-bit
 momenta), they are averaged here once, at logged steps only, and the caller leaves that
-traffic out of `bytes_sent`. Where each rank steps on its own gradient (DiLoCo, 0/1 Adam) the
-caller asks for this rank's own norm (`averaged=True` on unaveraged gradients: no communication)
+traffic out of `bytes_sent`. Where each rank steps on its own gradient (DiLoCo; 0/1 Adam's
+1-bit and local steps) the caller asks for this rank's own norm (`averaged=True` on unaveraged gradients: no communication)
 and the metrics row combines the ranks' norms. Under ZeRO 1/2 the gradients are partitioned and DeepSpeed's own
 norm (`engine.get_global_grad_norm()`: averaged, unscaled, before clipping) is the same
 quantity."""

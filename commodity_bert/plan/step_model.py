@@ -24,7 +24,8 @@ Communication, per step, over the slowest link of a ring:
               `scale_block` elements, in an all-to-all and an all-gather, 2(W−1)/W · P ·
               (1/8 + 4/scale_block) bytes per rank over all W ranks, in the optimizer step
               (not overlapped), plus the compression stage's extra work over LAMB's step
-              (measured by preflight on a one-rank group).
+              (measured by preflight on a one-rank group); under fp16/bf16 also DeepSpeed's
+              wrapper's overflow-flag allreduce (the engine's allreduce is off): a 5th round.
   zero_one_adam  0/1 Adam's steps, by its own schedule (zero_one_adam.step_kinds): "full"
               (a variance step: as lamb), "onebit" (the 1-bit exchange of the gradient, as
               1-bit LAMB's), "local" (no exchange) and "sync" (a local step, then the 1-bit
@@ -203,8 +204,9 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
     if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
         seconds = net.allreduce_s(1.0, nodes, gpus_per_node) if flag else 0.0
         sent, rounds = (ring_allreduce_bytes(1.0, world), 1) if flag else (0.0, 0)
-        if stage in ("onebit", "sync") and world > 1:
+        if stage in ("onebit", "sync"):
             compute += work.compress_s
+        if stage in ("onebit", "sync") and world > 1:
             seconds += net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
             sent += ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
             rounds += 4
@@ -227,7 +229,8 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
 
 
 def step_sequence(work: Workload, optimizer: str) -> list[str]:
-    """The kind of each of the phase's steps 1 … steps, as train.py runs them."""
+    """The kind of each of the phase's steps 1 … steps, as train.py runs them (an fp16 step
+    skipped for an overflow is not counted apart)."""
     if optimizer == "onebit_lamb":
         return ["full" if t <= work.freeze_step else "compressed" for t in range(1, work.steps + 1)]
     if optimizer == "zero_one_adam":
