@@ -13,8 +13,8 @@ included, as in any run). Each variant's config puts its steady state early:
   diloco_h10    H = 10, bf16 pseudo-gradient: windows of 10 hold 9 inner steps and 1 outer step
   diloco_inner  H larger than the run: inner steps only (with diloco_h10 this separates an
                 outer step's cost from an inner step's)
-Each run is 31 steps (12 for LAMB, 1-bit LAMB) and its last step's window is left out: it
-evaluates, and under DiLoCo the last step ends a round.
+Runs of 0/1 Adam and DiLoCo are 31 steps and their last step's window is left out (under
+DiLoCo the last step ends a round); LAMB and 1-bit LAMB run 12 steps, as plan_vs_measured.py's.
 Predictions: bert-plan's step model from that setting's preflight profile, per kind of step,
 averaged over the same windows.
 
@@ -138,7 +138,7 @@ def main() -> None:
                 args.steps, args.log_every, args.current_rate = steps, log_every, link
                 measured = run_variant(cluster, data, work, variant, args, config=config,
                                        first_steady=11 if variant == "zero_one_adam" else None,
-                                       last_steady=steps - 1)
+                                       last_steady=steps - 1 if steps > 12 else None)
                 windows = measured.pop("windows")
                 results.append({**measured, **predict(profile, variant, config, args, steps, windows)})
                 print(json.dumps(results[-1]), flush=True)

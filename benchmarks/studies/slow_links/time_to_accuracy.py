@@ -37,11 +37,13 @@ def mode_of(config: dict) -> str:
     return {"onebitlamb": "onebit_lamb", "zerooneadam": "zero_one_adam"}.get(kind, "lamb")
 
 
-def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latency_ms: float) -> list[float]:
-    """Each step's predicted seconds, steps 1 … steps, for `config` on `hosts` hosts of one rank."""
+def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latency_ms: float,
+                     gpu_tflops: float | None = None) -> list[float]:
+    """Each step's predicted seconds, steps 1 … steps, for `config` on `hosts` hosts of one rank
+    (with `gpu_tflops`, compute by hand at 35% MFU instead of this CPU cluster's)."""
     mode = mode_of(config)
     config = {**config, "train_batch_size": GLOBAL_BATCH, "train_micro_batch_size_per_gpu": GLOBAL_BATCH // hosts}
-    compute = e.compute_from_profile(profile)
+    compute = e.hand_compute(gpu_tflops, e.DEFAULT_MFU) if gpu_tflops else e.compute_from_profile(profile)
     net = e.network_from_profile(profile, None, None, None)
     net.latency_s += latency_ms / 1000
     work = e.workload(mode, config, "mini", 128, compute, VOCAB, steps, None, world_hint=hosts,
@@ -61,6 +63,9 @@ def main() -> None:
     parser.add_argument("--timing", type=Path, required=True, help="benchmarks/slow_links_timing.py's --json")
     parser.add_argument("--added-latency-ms", type=float, nargs="+", default=[0.0, 20.0])
     parser.add_argument("--target", type=float, help="an accuracy (0-1) instead of LAMB's final one")
+    parser.add_argument("--gpu-tflops", type=float,
+                        help="compute by hand, a GPU of this peak at 35%% MFU, instead of the CPU cluster's "
+                             "(the links stay as measured): where a GPU cluster's balance lies")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
@@ -73,19 +78,21 @@ def main() -> None:
         for added in args.added_latency_ms:
             for run in runs:
                 config = json.loads((args.ablation / "configs" / f"{run['variant']}.json").read_text())
-                per_step = seconds_per_step(profile, config, hosts, run["max_steps"], added)
+                per_step = seconds_per_step(profile, config, hosts, run["max_steps"], added, args.gpu_tflops)
                 reached = next((p["step"] for p in run["curve"] if p["val_mlm_acc"] >= target), None)
                 rows.append({"link": link, "added_latency_ms": added, "variant": run["variant"],
                              "seed": run["seed"], "final": run["final_val_mlm_acc"], "best": run["best_val_mlm_acc"],
                              "total_bytes": run["total_bytes"], "step_reached": reached,
                              "seconds_to_target": sum(per_step[:reached]) if reached else None,
                              "seconds_whole_run": sum(per_step)})
-    table = summarize(rows, target, hosts)
+    table = summarize(rows, target, hosts) + (f"\n\ncompute: by hand, {args.gpu_tflops:g} TFLOP/s × MFU "
+                                              f"{e.DEFAULT_MFU}" if args.gpu_tflops else "")
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"target_val_mlm_acc": target, "hosts": hosts, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"target_val_mlm_acc": target, "hosts": hosts, "gpu_tflops": args.gpu_tflops,
+                                         "rows": rows}, indent=1))
 
 
 def summarize(rows: list[dict], target: float, hosts: int) -> str:
