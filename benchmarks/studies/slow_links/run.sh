@@ -39,3 +39,11 @@ $PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.di
 $PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=50 \
     --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.5 \
     --vary commodity_bert.diloco.compression=bf16 $COMMON
+
+# Third part: 4 workers (4 ranks on this machine, micro-batch 16: the same global batch of 64),
+# LAMB against DiLoCo H = 50 with plain averaging and a bf16 pseudo-gradient, seed 1.
+COMMON4="--data $WORK/seq128 --model mini --ranks 4 --samples 19200 --eval-every 25 --seeds 1
+         --train-args=--num-workers=1 --out $WORK/mini_4ranks"
+$PY -m commodity_bert.ablate --base $S/lamb.json --vary train_micro_batch_size_per_gpu=16 $COMMON4
+$PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary train_micro_batch_size_per_gpu=16 \
+    --vary commodity_bert.diloco.inner_steps=50 $PLAIN $COMMON4
