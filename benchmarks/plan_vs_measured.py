@@ -20,14 +20,13 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-from slow_network import prepare_data, run_variant, variant_config  # noqa: E402
-from tools.netns_cluster import Cluster, unavailable_reason  # noqa: E402
+from slow_network import one_thread_per_rank, run_variant, set_up, variant_config  # noqa: E402
+from tools.netns_cluster import Cluster  # noqa: E402
 
 from commodity_bert.plan import estimate as e  # noqa: E402
 from commodity_bert.plan.step_model import step_estimate  # noqa: E402
@@ -101,20 +100,12 @@ def main() -> None:
                    for r in earlier["results"]]
         print(table(results))
         return
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit(f"plan_vs_measured.py: {reason}")
-    work = Path(args.work or tempfile.mkdtemp(prefix="plan_vs_measured_")).resolve()
-    data = prepare_data(work)
+    work, data = set_up("plan_vs_measured.py", args.work)
     results, profiles = [], {}
     args.current_rate = args.rate
     for hosts in args.hosts:
         cluster = Cluster.up(work / f"cluster_{hosts}", hosts, slots=1, rate=args.rate)
-        # one thread per rank (the cluster gives each rank its share of the cores, at least one):
-        # several ranks of several threads each on 2 cores spend their time waiting for one another
-        env_file = cluster.directory / "deepspeed_env"
-        env_file.write_text(env_file.read_text().replace(f"OMP_NUM_THREADS={cluster.threads_per_rank}",
-                                                         f"OMP_NUM_THREADS={args.threads}"))
+        one_thread_per_rank(cluster, args.threads)
         try:
             started = time.time()
             profile = preflight(cluster, data, work, args)

@@ -32,18 +32,17 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from plan_vs_measured import preflight  # noqa: E402
-from slow_network import prepare_data, run_variant, variant_config  # noqa: E402
-from tools.netns_cluster import Cluster, unavailable_reason  # noqa: E402
+from slow_network import one_thread_per_rank, run_variant, set_up, variant_config  # noqa: E402
+from tools.netns_cluster import Cluster  # noqa: E402
 
 from commodity_bert.plan import estimate as e  # noqa: E402
-from commodity_bert.plan.step_model import step_estimate, step_sequence  # noqa: E402
+from commodity_bert.plan.step_model import step_estimates  # noqa: E402
 
 VARIANTS = {  # variant: (planner optimizer, steps, log every); a run's last step (an outer step
     "lamb": ("lamb", 12, 4),                # under DiLoCo, and it evaluates) is left out of the windows
@@ -77,11 +76,8 @@ def predict(profile: dict, variant: str, config: dict, args, steps: int, windows
     work = e.workload(variant, config, args.model, profile["ranks"][0]["seq_len"], compute, 30522, steps, FREEZE,
                       world_hint=args.hosts, onebit=optimizer == "onebit_lamb", log_every=VARIANTS[variant][2],
                       optimizer=optimizer)
-    per_step = step_sequence(work, optimizer)
-    cache = {}
-    for kind in set(per_step):
-        cache[kind] = step_estimate(work, optimizer, kind, args.hosts, 1, net)
-    window_s = [statistics.fmean(cache[per_step[t - 1]].step_s for t in range(prev + 1, s + 1)) for prev, s in windows]
+    per_step, cache = step_estimates(work, optimizer, args.hosts, 1, net)
+    window_s = [statistics.fmean(per_step[t - 1].step_s for t in range(prev + 1, s + 1)) for prev, s in windows]
     return {"predicted_step_s": statistics.median(window_s),
             "predicted_by_kind": {k: {"step_s": v.step_s, "compute_s": v.compute_s, "comm_s": v.comm_s,
                                       "bytes": v.bytes_per_rank, "rounds": v.rounds} for k, v in cache.items()}}
@@ -109,11 +105,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit(f"slow_links_timing.py: {reason}")
-    work = Path(args.work or tempfile.mkdtemp(prefix="slow_links_timing_")).resolve()
-    data = prepare_data(work)
+    work, data = set_up("slow_links_timing.py", args.work)
     results, profiles = [], {}
     for link in args.links:
         rate, delay = link.split(":")
@@ -123,9 +115,7 @@ def main() -> None:
         except RuntimeError as exc:  # a kernel without netem: no delayed links (the others still run)
             print(f"{link}: skipped: {exc}", flush=True)
             continue
-        env_file = cluster.directory / "deepspeed_env"  # one thread per rank, as plan_vs_measured.py
-        env_file.write_text(env_file.read_text().replace(f"OMP_NUM_THREADS={cluster.threads_per_rank}",
-                                                         "OMP_NUM_THREADS=1"))
+        one_thread_per_rank(cluster)
         try:
             started = time.time()
             args.steps, args.log_every, args.freeze_step = 12, 4, FREEZE  # the preflight's config (LAMB)

@@ -60,6 +60,24 @@ def prepare_data(work: Path) -> Path:
     return data
 
 
+def set_up(script: str, work_arg: str | None) -> tuple[Path, Path]:
+    """The namespace-cluster benchmarks' start: refuse in one line where no cluster can be built,
+    then the work directory and the data in it."""
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"{script}: {reason}")
+    work = Path(work_arg or tempfile.mkdtemp(prefix=f"{script.removesuffix('.py')}_")).resolve()
+    return work, prepare_data(work)
+
+
+def one_thread_per_rank(cluster: Cluster, threads: int = 1) -> None:
+    """OMP_NUM_THREADS for every rank (the cluster gives each its share of the cores, at least
+    one): several ranks of several threads each on 2 cores spend their time waiting for one another."""
+    env_file = cluster.directory / "deepspeed_env"
+    env_file.write_text(env_file.read_text().replace(f"OMP_NUM_THREADS={cluster.threads_per_rank}",
+                                                     f"OMP_NUM_THREADS={threads}"))
+
+
 def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, config: dict | None = None,
                 first_steady: int | None = None, last_steady: int | None = None) -> dict:
     """Train `variant` (or `config`) on the cluster; medians over the windows between metrics rows
@@ -167,11 +185,7 @@ def main() -> None:
     parser.add_argument("--markdown")
     parser.add_argument("--plot")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit(f"slow_network.py: {reason}")
-    work = Path(args.work or tempfile.mkdtemp(prefix="slow_network_")).resolve()
-    data = prepare_data(work)
+    work, data = set_up("slow_network.py", args.work)
     results = []
     for rate in args.rates:
         for hosts in args.hosts:

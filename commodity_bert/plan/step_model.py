@@ -241,6 +241,18 @@ def step_sequence(work: Workload, optimizer: str) -> list[str]:
     return ["full"] * work.steps
 
 
+def step_estimates(work: Workload, optimizer: str, nodes: int, gpus_per_node: int,
+                   net: Network) -> tuple[list[StepEstimate], dict[str, StepEstimate]]:
+    """Each of the phase's steps priced in order (step_sequence), and the estimate per kind."""
+    by_kind: dict[str, StepEstimate] = {}
+    per_step = []
+    for kind in step_sequence(work, optimizer):
+        if kind not in by_kind:
+            by_kind[kind] = step_estimate(work, optimizer, kind, nodes, gpus_per_node, net)
+        per_step.append(by_kind[kind])
+    return per_step, by_kind
+
+
 def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
     """How many of the phase's steps are of each kind, in order of first appearance."""
     if optimizer in ("onebit_lamb", "diloco"):  # by arithmetic: phases run to 10⁵ steps

@@ -9,12 +9,7 @@ cd "$(dirname "$0")/../../.."
 WORK=${1:-/tmp/onebit_freeze}
 PY=${PYTHON:-.venv/bin/python}
 S=benchmarks/studies/onebit_freeze
-if [ ! -f "$WORK/seq128/manifest.json" ]; then
-    mkdir -p "$WORK"
-    $PY -m data_prep vocab --input embedded:sotu --vocab-size 8192 --output "$WORK/vocab.txt"
-    $PY -m data_prep shards --input embedded:sotu --vocab "$WORK/vocab.txt" --output "$WORK/seq128" \
-        --seq-len 128 --dupe-factor 1 --num-shards 4 --val-fraction 0.05
-fi
+PY=$PY bash benchmarks/studies/sotu_seq128.sh "$WORK"
 for MODEL in mini tiny; do
     COMMON="--data $WORK/seq128 --model $MODEL --ranks 2 --samples 19200 --eval-every 25 --seeds 1 2
             --train-args=--num-workers=1 --out $WORK/freeze_$MODEL"

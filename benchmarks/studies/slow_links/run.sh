@@ -9,12 +9,7 @@ cd "$(dirname "$0")/../../.."
 WORK=${1:-/tmp/slow_links}
 PY=${PYTHON:-.venv/bin/python}
 S=benchmarks/studies/slow_links
-if [ ! -f "$WORK/seq128/manifest.json" ]; then
-    mkdir -p "$WORK"
-    $PY -m data_prep vocab --input embedded:sotu --vocab-size 8192 --output "$WORK/vocab.txt"
-    $PY -m data_prep shards --input embedded:sotu --vocab "$WORK/vocab.txt" --output "$WORK/seq128" \
-        --seq-len 128 --dupe-factor 1 --num-shards 4 --val-fraction 0.05
-fi
+PY=$PY bash benchmarks/studies/sotu_seq128.sh "$WORK"
 COMMON="--data $WORK/seq128 --model mini --ranks 2 --samples 19200 --eval-every 25 --seeds 1
         --train-args=--num-workers=1 --out $WORK/mini"
 $PY -m commodity_bert.ablate --configs $S/lamb.json $S/zero_one_adam.json $COMMON

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 from commodity_bert.plan import estimate as e  # noqa: E402
-from commodity_bert.plan.step_model import step_estimate, step_sequence  # noqa: E402
+from commodity_bert.plan.step_model import step_estimates  # noqa: E402
 
 GLOBAL_BATCH = 64
 VOCAB = 8192
@@ -48,13 +48,8 @@ def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latenc
     net.latency_s += latency_ms / 1000
     work = e.workload(mode, config, "mini", 128, compute, VOCAB, steps, None, world_hint=hosts,
                       onebit=mode == "onebit_lamb", log_every=0, optimizer=mode)
-    by_kind: dict[str, float] = {}
-    out = []
-    for kind in step_sequence(work, mode):
-        if kind not in by_kind:
-            by_kind[kind] = step_estimate(work, mode, kind, hosts, 1, net).step_s
-        out.append(by_kind[kind])
-    return out
+    per_step, _ = step_estimates(work, mode, hosts, 1, net)
+    return [est.step_s for est in per_step]
 
 
 def main() -> None:
@@ -101,7 +96,7 @@ def summarize(rows: list[dict], target: float, hosts: int) -> str:
              f"{hosts} hosts of one rank; seconds from bert-plan's model of each link", "",
              "| link | added latency | variant | seeds reaching it | step reached (median) | s to reach (median) "
              "| whole run s |", "|---|---:|---|---:|---:|---:|---:|"]
-    keys = sorted({(r["link"], r["added_latency_ms"], r["variant"]) for r in rows}, key=lambda k: (k[0], k[1]))
+    keys = sorted({(r["link"], r["added_latency_ms"], r["variant"]) for r in rows})
     for link, added, variant in keys:
         mine = [r for r in rows if (r["link"], r["added_latency_ms"], r["variant"]) == (link, added, variant)]
         reached = [r for r in mine if r["step_reached"] is not None]
