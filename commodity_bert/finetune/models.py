@@ -137,19 +137,60 @@ def load(path: Path, flag: str = "--model") -> Pretrained:
                      f"directory (config.json) nor a checkpoint (step_N/{ckpt.MODEL_FILE})")
 
 
-def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1):
-    """A BertForSequenceClassification with a fresh head (and pooler, where the source had
-    none), drawn from torch's generator: seed it first. `random_init`: the same architecture
-    with none of the pretrained weights."""
-    from transformers import BertForSequenceClassification
+POOLINGS = ("mean", "pooler", "cls")
+
+
+class PooledClassifier(torch.nn.Module):
+    """BERT's encoder, a pooling of its last hidden states, dropout and a linear layer.
+
+    `pooler` is Hugging Face's BertForSequenceClassification (BertPooler's dense + tanh on the
+    first token, then the classifier); an MLM-only pretraining never trains that dense layer, so
+    for such a model it starts fresh. `mean` averages the real tokens' states and `cls` takes
+    the first token's state as it is, both straight into the classifier: no untrained layer
+    between the pretrained states and the head (benchmarks/RESULTS.md measures the three).
+    Written here because transformers' classifier offers only the pooler."""
+
+    def __init__(self, config, pooling: str):
+        from transformers import BertModel
+        super().__init__()
+        self.pooling = pooling
+        self.bert = BertModel(config, add_pooling_layer=pooling == "pooler")
+        self.dropout = torch.nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = torch.nn.Linear(config.hidden_size, config.num_labels)
+        self.bert.post_init()  # BERT's own initialisation (normal, std initializer_range)
+        self.classifier.weight.data.normal_(0.0, config.initializer_range)
+        self.classifier.bias.data.zero_()
+
+    def features(self, input_ids, token_type_ids, attention_mask):
+        out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        if self.pooling == "pooler":
+            return out.pooler_output
+        hidden = out.last_hidden_state
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        return self.classifier(self.dropout(self.features(input_ids, token_type_ids, attention_mask)))
+
+
+def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1,
+               pooling: str = "mean") -> PooledClassifier:
+    """A classifier with a fresh head (and pooler, where the source had none), drawn from
+    torch's generator: seed it first. `random_init`: the same architecture with none of the
+    pretrained weights."""
     settings = {k: v for k, v in pretrained.config.to_dict().items() if k not in ("id2label", "label2id")}
     config = pretrained.config.__class__.from_dict({**settings, "hidden_dropout_prob": dropout,
                                                     "attention_probs_dropout_prob": dropout})
     config.num_labels = num_labels  # the setter rebuilds id2label; a from_dict key would lose to it
+    config._attn_implementation = "sdpa"
     # fp32 whatever dtype the source's config names (see _from_hf_directory); bf16 is autocast's job
-    model = BertForSequenceClassification._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    model = PooledClassifier(config, pooling).float()
     if not random_init:
         missing, unexpected = model.load_state_dict(pretrained.encoder_state, strict=False)
+        # a trained pooler is only of use to pooling "pooler"
+        unexpected = [k for k in unexpected if not k.startswith("bert.pooler.")]
         assert not unexpected, unexpected  # the state was filtered to the encoder's names
         if any(not (k.startswith("classifier.") or k.startswith("bert.pooler.")) for k in missing):
             raise ModelError(f"--model {pretrained.path}: the weights lack {missing[0]}")

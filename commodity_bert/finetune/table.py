@@ -1,5 +1,6 @@
 """One Markdown table from bert-finetune --json results, a task per row: the pretrained
-model's median (min–max) over seeds beside random initialisation and the majority class.
+model's median (min–max) over seeds and its chosen lr, beside random initialisation, a
+bag-of-words logistic regression and the majority class.
 
     python -m commodity_bert.finetune.table RUN/downstream/*.json
 """
@@ -17,13 +18,27 @@ def cell(row: dict | None) -> str:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| task | metric | dev | pretrained | random init | majority | seeds |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| task | metric | dev | pretrained | lr | random init | lr | bag of words | majority | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['task']} | {r['metric']} | {r['dev_size']} | {cell(r)} | {cell(r.get('random_init'))} | "
+        rand = r.get("random_init")
+        bow = r.get("bag_of_words")
+        bow_cell = f"{100 * bow['value']:.1f}" if bow else "–"
+        lines.append(f"| {r['task']} | {r['metric']} | {r['dev_size']} | {cell(r)} | {lr(r)} | {cell(rand)} | "
+                     f"{lr(rand)} | {bow_cell} | "
                      f"{100 * r['majority']['value']:.1f} | {len(r['per_seed'])} |")
     models = sorted({r["model"] for r in results})
-    return "\n".join(lines) + f"\n\nmedian (min–max) over seeds, in %; model: {', '.join(models)}"
+    notes = [f"{r['task']}: the pretrained model's representations look collapsed" for r in results
+             if (r.get("representations") or {}).get("collapsed")]
+    return "\n".join(lines) + (f"\n\nmedian (min–max) over seeds, in %; lr: the rate chosen on a held-out slice of "
+                               f"the training data (or given); model: {', '.join(models)}") + \
+        "".join(f"\n\nwarning: {n}" for n in notes)
+
+
+def lr(row: dict | None) -> str:
+    if not row or row.get("lr") is None:
+        return "–"
+    return f"{row['lr']:g}"
 
 
 def main(argv: list[str] | None = None) -> None:

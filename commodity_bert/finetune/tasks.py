@@ -2,7 +2,8 @@
 training and a dev split, the label set and the task's metric.
 
 Three sources: the user's files (CSV/TSV with a header, JSONL, a `datasets` dataset saved with
-`save_to_disk`), GLUE's own TSV layout (`--glue TASK DIR`), and the embedded polarity task.
+`save_to_disk`), GLUE's own TSV layout (`--glue TASK DIR`), and the embedded tasks (sentence
+polarity of movie reviews; the party of a 2012 US convention speaker from one paragraph).
 Every problem with the input is a TaskError whose message is one line naming the problem and
 the fix."""
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 RESOURCES = Path(__file__).resolve().parent / "resources"
 POLARITY_SOURCE = RESOURCES / "rotten_tomatoes_sentences.tsv.xz"
 POLARITY_NEUTRAL_BAND = 0.8  # |mean score| below this is dropped; SST-2's neutral band, see resources/README.md
+PARTY_SOURCE = RESOURCES / "convention_2012_speeches.csv.xz"
+PARTY_MIN_WORDS = 5  # shorter paragraphs ("Thank you.") say nothing of a party
+PARTY_DEV_EVERY = 5  # every 5th speaker of each party, in name order, is a dev speaker
 
 csv.field_size_limit(sys.maxsize)  # GLUE and user files hold long fields
 
@@ -282,10 +286,18 @@ def from_glue(task: str, directory: Path, positive_label=None, metric: str | Non
 
 # ---------------------------------------------------------------- the embedded task
 
+def _read_embedded(path: Path, name: str) -> str:
+    try:
+        with lzma.open(path, "rt", encoding="utf-8", newline="") as fh:
+            return fh.read()
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        raise TaskError(f"--task {name}: its data {path} is missing or damaged ({exc}); reinstall the "
+                        f"commodity-bert package (pip install -e .)") from exc
+
+
 def embedded_polarity() -> Task:
     """Sentence polarity from the Rotten Tomatoes sentences (resources/README.md says how)."""
-    with lzma.open(POLARITY_SOURCE, "rt", encoding="utf-8", newline="") as fh:
-        lines = fh.read().splitlines()
+    lines = _read_embedded(POLARITY_SOURCE, "embedded:polarity").splitlines()
     seen: set[str] = set()
     train, dev = Split([], []), Split([], [])
     for line in lines:
@@ -301,7 +313,33 @@ def embedded_polarity() -> Task:
                   source={"embedded": POLARITY_SOURCE.name, "neutral_band": POLARITY_NEUTRAL_BAND})
 
 
-EMBEDDED = {"embedded:polarity": embedded_polarity}
+def embedded_party() -> Task:
+    """Democrat or Republican, from one paragraph of a 2012 US national convention speech
+    (resources/README.md says where from). Split by speaker, so no speaker's style is in both
+    splits: every PARTY_DEV_EVERY-th speaker of each party, in name order, is a dev speaker."""
+    rows = list(csv.DictReader(io.StringIO(_read_embedded(PARTY_SOURCE, "embedded:party"), newline="")))
+    speaker = [row["speaker"] or f"unnamed speech {i}" for i, row in enumerate(rows)]
+    dev_speakers = set()
+    for party in sorted({row["party"] for row in rows}):
+        names = sorted({speaker[i] for i, row in enumerate(rows) if row["party"] == party})
+        dev_speakers.update(names[::PARTY_DEV_EVERY])
+    seen: set[str] = set()
+    train, dev = Split([], []), Split([], [])
+    for i, row in enumerate(rows):
+        for paragraph in row["text"].split("\n"):
+            paragraph = " ".join(paragraph.split())
+            if len(paragraph.split()) < PARTY_MIN_WORDS or paragraph in seen:
+                continue  # a paragraph said twice counts once, in the split of its first speaker
+            seen.add(paragraph)
+            split = dev if speaker[i] in dev_speakers else train
+            split.texts.append(paragraph)
+            split.labels.append(row["party"])
+    return finish("embedded:party", "accuracy", train, dev, "embedded:party", "embedded:party",
+                  source={"embedded": PARTY_SOURCE.name, "min_words": PARTY_MIN_WORDS,
+                          "dev_speakers": len(dev_speakers)})
+
+
+EMBEDDED = {"embedded:polarity": embedded_polarity, "embedded:party": embedded_party}
 
 
 def embedded(name: str) -> Task:
