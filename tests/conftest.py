@@ -127,6 +127,24 @@ def run30(tmp_path_factory, train_data):
 
 
 @pytest.fixture(scope="session")
+def healthy_run(tmp_path_factory, sotu_small):
+    """A tiny run that leaves the unigram plateau: the quickstart's recipe (a vocabulary of 8,192
+    trained on the text, seq 64 without NSP, LAMB 1e-2 in fp32) for 300 steps on 2 ranks. One
+    evaluation, at the end, where the plateau check runs."""
+    root = tmp_path_factory.mktemp("healthy")
+    run_cli("vocab", "--input", sotu_small, "--vocab-size", 8192, "--output", root / "vocab.txt")
+    run_cli("shards", "--input", sotu_small, "--vocab", root / "vocab.txt", "--seq-len", 64, "--no-nsp",
+            "--masking", "static", "--dupe-factor", 1, "--num-shards", 4, "--val-fraction", 0.05, "--workers", 2,
+            "--output", root / "seq64")
+    run = root / "run"
+    proc = train(2, "--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", "--model", "tiny",
+                 "--num-workers", 1, "--data", root / "seq64", "--output-dir", run, "--max-steps", 300,
+                 "--log-every", 100, "--eval-every", 300, "--plateau-check-samples", 15000)
+    (run / "stdout.log").write_text(proc.stdout)
+    return run
+
+
+@pytest.fixture(scope="session")
 def onebit20(tmp_path_factory, train_data):
     """2 ranks of 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage."""
     run = tmp_path_factory.mktemp("onebit20") / "run"

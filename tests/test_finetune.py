@@ -472,3 +472,21 @@ def test_the_chosen_lr_follows_what_the_case_needs(small, run30):
                                                    progress=False)
         assert trials[1e-4] != trials[1e-3], (case, trials)
     assert chosen == {"clean, short": 1e-3, "noisy, long": 1e-4}
+
+
+def test_a_collapsed_model_is_named_and_a_healthy_one_is_not(tmp_path, small, run30, healthy_run):
+    """run30 (30 steps, still on the plateau) makes inputs more alike than random weights do;
+    the healthy run (past 1.5x the unigram accuracy) spreads them apart."""
+    train = write(tmp_path / "train.csv", small["train"], "csv")
+    dev = write(tmp_path / "dev.csv", small["dev"], "csv")
+    reports = {}
+    for name, model in (("stuck", run30), ("healthy", healthy_run)):
+        proc = cli("--model", model, "--train", train, "--validation", dev, *FAST, "--json", tmp_path / f"{name}.json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reports[name] = (proc.stdout, json.loads((tmp_path / f"{name}.json").read_text())["representations"])
+    stuck_text, stuck = reports["stuck"]
+    healthy_text, healthy = reports["healthy"]
+    assert stuck["collapsed"] and stuck["mean_cosine"] >= stuck["random_init_mean_cosine"]
+    assert "warning: the pretrained model tells its inputs apart no better than random weights" in stuck_text
+    assert not healthy["collapsed"] and healthy["mean_cosine"] < healthy["random_init_mean_cosine"]
+    assert "warning" not in healthy_text and "representations: mean cosine" in healthy_text

@@ -211,7 +211,7 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
             "majority": {"label": str(majority_label), "value": trainer.majority(task, dev, majority_label)},
             "bag_of_words": baselines.bag_of_words(task, fit_rows, held_rows, score),
             "representations": {"mean_cosine": cosine["pretrained"], "random_init_mean_cosine": cosine["random_init"],
-                                "collapsed": cosine["pretrained"] >= baselines.COLLAPSED_COSINE},
+                                "collapsed": baselines.collapsed(cosine["pretrained"], cosine["random_init"])},
             "selection": {"held_out": len(held_rows), "grid": grid if hp.lr is None else None,
                           "seed": seeds[0], "from": "training split"},
             "random_init": rows.get("random_init"), "labels": [str(n) for n in task.label_names],
@@ -225,9 +225,10 @@ def collapse_warning(result: dict) -> str | None:
     rep = result.get("representations") or {}
     if not rep.get("collapsed"):
         return None
-    return (f"warning: the pretrained model answers every input alike (mean cosine {rep['mean_cosine']:.3f} between "
-            f"the inputs' mean-pooled states; random init {rep['random_init_mean_cosine']:.3f}): its pretraining "
-            f"collapsed (train.py's plateau warning names the likely causes); its scores say little")
+    return (f"warning: the pretrained model tells its inputs apart no better than random weights (mean cosine "
+            f"{rep['mean_cosine']:.3f} between the inputs' mean-pooled states; random init "
+            f"{rep['random_init_mean_cosine']:.3f}): its pretraining looks collapsed onto the unigram plateau "
+            f"(train.py's plateau warning names the likely causes)")
 
 
 def print_report(result: dict) -> None:
