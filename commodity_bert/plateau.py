@@ -6,9 +6,10 @@ accuracy) until it starts to use the context. A run that stays there, from a lea
 large for its batch, too short a warm-up or a vocabulary too large for its text, gives a model
 that fine-tunes no better than random weights (issue 30: `mini` at LAMB 1e-2 with 64 sequences
 a step ended at 4.6% against 9.7% at 2e-3). So once the run has seen `after_samples` samples and
-its warm-up is over, the first evaluation compares the validation accuracy with `factor` times
-the unigram accuracy, and says so in one warning line and in the metrics (`unigram_acc`,
-`on_plateau`) when the run has not passed it.
+its warm-up is over, every evaluation compares the validation accuracy with `factor` times the
+unigram accuracy; the first that finds the run below it prints one warning line, and the
+metrics say it at every evaluation from then on (`unigram_acc`, `on_plateau`), so a run that
+leaves the plateau later shows `on_plateau: false` again (and a line says when).
 
 The unigram accuracy is counted once at the start from the validation split's masked tokens
 (a bincount per rank, summed across ranks: one vocabulary-sized allreduce)."""
@@ -41,20 +42,28 @@ class PlateauCheck:
                  factor: float = FACTOR):
         self.unigram_acc, self.after_samples, self.warmup_steps = unigram_acc, after_samples, warmup_steps
         self.factor = factor
-        self.on_plateau: bool | None = None  # None until checked
+        self.on_plateau: bool | None = None  # None until checked; then the last evaluation's
+        self.warned = False
 
     def fields(self, step: int, samples: int, val_mlm_acc: float) -> tuple[dict, str | None]:
-        """Metric fields for an evaluation row, and the warning line the first check raises."""
-        warning = None
-        if self.on_plateau is None and samples >= self.after_samples and step >= self.warmup_steps:
-            self.on_plateau = val_mlm_acc < self.factor * self.unigram_acc
-            if self.on_plateau:
-                warning = (f"warning: still on the unigram plateau after {samples:,} samples (step {step}): "
-                           f"validation MLM accuracy {val_mlm_acc:.1%} has not passed {self.factor:g}x the "
-                           f"{self.unigram_acc:.1%} of always answering the most frequent masked token. Likely "
-                           f"causes: {LIKELY_CAUSES}. A model fine-tuned from here is no better than random "
-                           f"weights.")
+        """Metric fields for an evaluation row, and a line to print: the warning at the first
+        evaluation past the check point that finds the run on the plateau, and a note at the
+        first one after that finds it has left. `on_plateau` describes each evaluation from the
+        check point on."""
         fields = {"unigram_acc": self.unigram_acc}
-        if self.on_plateau is not None:
-            fields["on_plateau"] = self.on_plateau
-        return fields, warning
+        if samples < self.after_samples or step < self.warmup_steps:
+            return fields, None
+        was = self.on_plateau
+        self.on_plateau = val_mlm_acc < self.factor * self.unigram_acc
+        fields["on_plateau"] = self.on_plateau
+        line = None
+        if self.on_plateau and not self.warned:
+            self.warned = True
+            line = (f"warning: still on the unigram plateau after {samples:,} samples (step {step}): validation MLM "
+                    f"accuracy {val_mlm_acc:.1%} has not passed {self.factor:g}x the {self.unigram_acc:.1%} of always "
+                    f"answering the most frequent masked token. Likely causes: {LIKELY_CAUSES}. A model fine-tuned "
+                    f"from here is no better than random weights.")
+        elif was and not self.on_plateau:
+            line = (f"left the unigram plateau at step {step}: validation MLM accuracy {val_mlm_acc:.1%} against "
+                    f"{self.factor:g}x {self.unigram_acc:.1%}")
+        return fields, line

@@ -8,7 +8,8 @@
 #   DATA_ROOT (default data/quickstart), RUN (default runs/quickstart), STEPS (default 1000),
 #   RANKS (default 2), CONFIG (default: the bf16 config where the CPU has AVX-512 BF16, else fp32),
 #   DOWNSTREAM (default 1; 0: no fine-tuning at the end), DOWNSTREAM_SEEDS (default "1": one seed
-#   fits the 7 minutes; the spread between seeds is several points, recipes/evaluate.sh runs 5)
+#   fits the 7 minutes; the spread between seeds is several points, recipes/evaluate.sh runs 5),
+#   DOWNSTREAM_LR_GRID (default "3e-4 1e-3": the rates bert-finetune --lr auto tries per arm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash recipes/setup_env.sh
@@ -36,12 +37,16 @@ echo "training: $CONFIG ($PRECISION), $STEPS steps on ${RANKS:-2} ranks"
 "$VENV/bin/deepspeed" --num_gpus "${RANKS:-2}" train.py --deepspeed_config "$CONFIG" \
     --data "$DATA_ROOT/seq64" --model tiny --output-dir "$RUN" --max-steps "$STEPS" \
     --log-every 100 --eval-every 200 --save-every 200 --num-workers 1 2>&1 \
-    | grep --line-buffered -E '^(step|done|stopping|warning)|error|Error'
+    | grep --line-buffered -E '^(step|done|stopping|warning|left the)|error|Error'
 $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
 # what it does downstream: the embedded polarity task, beside the same model fine-tuned from
-# random weights (README "Is my BERT any good?"); DOWNSTREAM=0 skips it
+# random weights and a bag-of-words baseline (README "Is my BERT any good?"); each arm's lr is
+# chosen on a slice of the training data from the top of the small-model grid (at 3e-5 and 1e-4
+# tiny predicts the majority class in both arms: benchmarks/RESULTS.md), two rates to fit the
+# time; DOWNSTREAM_LR_GRID changes them, DOWNSTREAM=0 skips it
 if [ "${DOWNSTREAM:-1}" != 0 ]; then
-    # shellcheck disable=SC2086  # a list of seeds
+    # shellcheck disable=SC2086  # lists of seeds and rates
     $PY -m commodity_bert.finetune --model "$RUN" --task embedded:polarity --random-init \
-        --seeds ${DOWNSTREAM_SEEDS:-1} --quiet --json "$RUN/downstream_polarity.json"
+        --seeds ${DOWNSTREAM_SEEDS:-1} --lr-grid ${DOWNSTREAM_LR_GRID:-3e-4 1e-3} --quiet \
+        --json "$RUN/downstream_polarity.json"
 fi

@@ -317,7 +317,8 @@ def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data
     final export, then ends with the training. A bad task file fails the launch at once."""
     train = write(tmp_path / "train.csv", small["train"][::2], "csv")
     dev = write(tmp_path / "dev.csv", small["dev"][::2], "csv")
-    watch_args = f"--train {train} --validation {dev} --seeds 1 --epochs 1 --batch-size 16 --no-cache"
+    watch_args = (f"--train {train} --validation {dev} --seeds 1 --epochs 1 --batch-size 16 --no-cache --lr 1e-3 "
+                  f"--min-steps 0")
     run = tmp_path / "run"
     bad = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", tmp_path / "bad",
                                     "--max-steps", 4, "--watch-downstream", "--train nope.csv --validation x.csv"),
@@ -490,3 +491,15 @@ def test_a_collapsed_model_is_named_and_a_healthy_one_is_not(tmp_path, small, ru
     assert "warning: the pretrained model tells its inputs apart no better than random weights" in stuck_text
     assert not healthy["collapsed"] and healthy["mean_cosine"] < healthy["random_init_mean_cosine"]
     assert "warning" not in healthy_text and "representations: mean cosine" in healthy_text
+
+
+def test_lr_flags_bad_values_are_one_line(tmp_path, capsys):
+    for args, expected in ((["--lr", "fast"], "--lr fast: give a number such as 1e-4, or auto"),
+                           (["--lr", "1e-4", "--lr-grid", "1e-4", "1e-3"], "--lr-grid goes with --lr auto"),
+                           (["--lr-grid", "1e-4", "-1"], "must be positive"),
+                           (["--min-steps", "-5"], "--min-steps must be 0 or more"),
+                           (["--pooling", "max"], "invalid choice: 'max'")):
+        with pytest.raises(SystemExit) as stop:
+            finetune_main(["--model", str(tmp_path), "--task", "embedded:polarity", *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and expected in err[0], (args, err)
