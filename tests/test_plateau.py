@@ -8,6 +8,7 @@ from conftest import CPU_CONFIG, rows, train
 
 from commodity_bert import shard_format as fmt
 
+
 def unigram_by_hand(data_dir):
     manifest = fmt.load_manifest(data_dir)
     labels = np.concatenate([s["masked_lm_ids"][s["masked_lm_positions"] > 0] for s in
