@@ -3,12 +3,12 @@
 # domain): set up .venv → WordPiece vocabulary → stratified shards → 2-rank training with
 # DeepSpeed's launcher (validation accuracy printed as it rises) → Hugging Face export → the
 # accuracy beside the most-frequent-token baseline and fill-mask probes chosen before training.
-# About 6 minutes on 2 cores with a warm pip cache (README). Re-running resumes / skips finished
+# About 14 minutes on 2 cores in fp32 with a warm pip cache (README). Re-running resumes / skips finished
 # parts.
 #   DATA_ROOT (default data/quickstart), RUN (default runs/quickstart), STEPS (default 1000),
 #   RANKS (default 2), CONFIG (default: the bf16 config where the CPU has AVX-512 BF16, else fp32),
-#   DOWNSTREAM (default 1; 0: no fine-tuning at the end), DOWNSTREAM_SEEDS (default "1": one seed
-#   fits the 7 minutes; the spread between seeds is several points, recipes/evaluate.sh runs 5),
+#   DOWNSTREAM (default 1; 0: no fine-tuning at the end), DOWNSTREAM_SEEDS (default "1": each seed
+#   adds ~100 s per arm; the spread between seeds is several points, recipes/evaluate.sh runs 5),
 #   DOWNSTREAM_LR_GRID (default "3e-4 1e-3": the rates bert-finetune --lr auto tries per arm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
