@@ -391,8 +391,11 @@ def main() -> None:
             return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged or own), own
 
     warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
-    plateau = PlateauCheck(unigram_accuracy(val_batches, model_config.vocab_size, device), args.plateau_check_samples,
-                           warmup_steps) if args.plateau_check_samples > 0 and manifest["splits"]["validation"]["samples"] else None
+    plateau = None
+    if args.plateau_check_samples > 0 and manifest["splits"]["validation"]["samples"]:
+        with book.unlogged():  # the loop's own allreduce, not training's traffic
+            plateau = PlateauCheck(unigram_accuracy(val_batches, model_config.vocab_size, device),
+                                   args.plateau_check_samples, warmup_steps)
 
     def validate(step: int) -> dict:
         """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""
