@@ -194,7 +194,7 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
         lr, trials = hp.lr, None
         if lr is None:
             lr, trials = selection.select_lr(pretrained, task, train, hp, grid, seeds[0], device, from_random,
-                                             progress, name)
+                                             progress, name, (fit_rows, held_rows))
         chosen = replace(hp, lr=lr)
         rows[name] = {**trainer.summarise([trainer.finetune(pretrained, task, train, dev, seed, chosen, device,
                                                             from_random, progress) for seed in seeds]),

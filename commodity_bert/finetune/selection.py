@@ -64,14 +64,16 @@ def choose(trials: dict[float, float]) -> float:
 
 
 def select_lr(pretrained, task, train, hp, grid: list[float], seed: int, device, random_init: bool,
-              progress: bool = True, name: str = "pretrained") -> tuple[float, dict[float, float]]:
+              progress: bool = True, name: str = "pretrained",
+              split: tuple[list[int], list[int]] | None = None) -> tuple[float, dict[float, float]]:
     """(the chosen rate, each rate's score on the held-out slice): one fine-tuning per rate,
     with `seed`, on the training rows outside the slice. `train` is the task's encoded
-    training split; nothing of the dev split is passed in."""
+    training split; nothing of the dev split is passed in. `split`: held_out_slice's result,
+    where the caller has it already."""
     from dataclasses import replace
 
     from commodity_bert.finetune import trainer
-    fit_rows, held_rows = held_out_slice(train.labels)
+    fit_rows, held_rows = split or held_out_slice(train.labels)
     fit, held = train.subset(fit_rows), train.subset(held_rows)
     trials = {rate: trainer.finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate), device, random_init,
                                      progress, label=f"{name} lr {rate:g}")["value"] for rate in grid}
