@@ -121,8 +121,10 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     assert probe["task"] == "embedded:party" and probe["lr"] == 1e-3 and len(probe["per_seed"]) == 2
     assert good["downstream"]["median"] == probe["median"] and "downstream" not in bad
     assert good["downstream"]["bag_of_words"] == probe["bag_of_words"]["value"] > 0.5
+    assert good["downstream"]["linear_probe"] == probe["linear_probe"]["pretrained"]["value"] > 0.5
     table = (out / "results.md").read_text()
     assert "downstream" in table and f"{100 * probe['median']:.2f}" in table and "bag of words" in table
+    assert f"linear probe {100 * probe['linear_probe']['pretrained']['value']:.2f}" in table
 
 
 def test_grid_and_bad_input(tmp_path, train_data, capsys):

@@ -307,6 +307,7 @@ def test_watch_probes_each_new_checkpoint_and_logs_a_failed_one(tmp_path, small,
     assert [r["step"] for r in got] == [20, 30] and [r["source"] for r in got] == ["checkpoint", "checkpoint"]
     for row in got:
         assert set(row) >= {"step", "samples", "elapsed_s", "task", "metric", "median", "min", "max"}
+        assert 0 < row["linear_probe"] <= 1
         assert row["samples"] == row["step"] * 64 and row["elapsed_s"] > 0  # 2 ranks x 32, from the checkpoint
     assert list((run / "tensorboard" / "downstream").glob("events.out.tfevents.*"))
 
@@ -450,6 +451,11 @@ def test_lr_selection_never_reads_the_dev_set(tmp_path, small, run30):
     assert true["lr"] == 1e-3 and true["median"] >= 0.9  # 45 steps: only the larger rate learns the marker
     # the bag of words sees the marker too, its C chosen on the same slice
     assert true["bag_of_words"]["value"] >= 0.95 and set(true["bag_of_words"]["selection"]) == {"0.1", "1", "10"}
+    # and the linear probe on frozen features: C from the slice, the marker word in the pooled features
+    for arm in ("pretrained", "random_init"):
+        assert true["linear_probe"][arm]["selection"] == inverted["linear_probe"][arm]["selection"]
+        assert true["linear_probe"][arm]["value"] == pytest.approx(1 - inverted["linear_probe"][arm]["value"])
+    assert true["linear_probe"]["pretrained"]["value"] >= 0.9
 
 
 def test_the_chosen_lr_follows_what_the_case_needs(small, run30):

@@ -195,6 +195,8 @@ def write_outputs(ablation: Ablation) -> None:
                                  if k in ("task", "metric", "median", "min", "max", "per_seed", "seconds", "lr")}
             row["downstream"]["bag_of_words"] = (probe.get("bag_of_words") or {}).get("value")
             row["downstream"]["random_init"] = (probe.get("random_init") or {}).get("median")
+            frozen = probe.get("linear_probe") or {}
+            row["downstream"]["linear_probe"] = (frozen.get("pretrained") or {}).get("value")
         results.append(row)
     atomic_write(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
     atomic_write(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))

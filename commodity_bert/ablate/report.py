@@ -92,8 +92,11 @@ def markdown(results: list[dict], settings: dict, variants: dict[str, dict]) -> 
             scores = [r["downstream"]["median"] for r in done if r.get("downstream")]
             metric = next((r["downstream"]["metric"] for r in done if r.get("downstream")), "")
             bow = [r["downstream"]["bag_of_words"] for r in done if (r.get("downstream") or {}).get("bag_of_words")]
+            frozen = [r["downstream"]["linear_probe"] for r in done
+                      if (r.get("downstream") or {}).get("linear_probe") is not None]
             row.append((f"{metric} {_pct(median(scores))} ({_pct(min(scores))}–{_pct(max(scores))})" if scores
-                        else "–") + (f"; bag of words {_pct(median(bow))}" if bow else ""))
+                        else "–") + (f"; bag of words {_pct(median(bow))}" if bow else "")
+                       + (f"; linear probe {_pct(median(frozen))}" if frozen else ""))
         lines.append("| " + " | ".join(row) + " |")
     problems = [r for r in results if r["status"] != "finished"]
     if problems:

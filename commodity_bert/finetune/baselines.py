@@ -1,6 +1,6 @@
 """What a reader compares a fine-tuned BERT against, besides the majority class: a bag-of-words
-logistic regression (scikit-learn's, on word and word-pair counts), and a check that the
-pretrained encoder still tells its inputs apart.
+logistic regression (scikit-learn's, on word and word-pair counts), a linear probe on the frozen
+encoder's features, and a check that the pretrained encoder still tells its inputs apart.
 
 The bag of words shows at once whether the transformer learned anything a word count does not
 know: on a lexical task such as polarity a linear model on counts is hard to beat with a small
@@ -14,13 +14,20 @@ that learned something spreads the inputs apart; one stuck on the plateau draws 
 above random weights. Measured on both embedded tasks (RESULTS.md, issue 30): random init
 0.945 / 0.958 (polarity / party); `tiny` after 600 healthy LAMB steps (14.0% MLM accuracy) 0.77
 / 0.82; `tiny` and `mini` after 20-30 steps, still on the plateau, 0.97-0.99. So a model is
-called collapsed when its inputs are at least as alike as random weights make them."""
+called collapsed when its inputs are at least as alike as random weights make them.
+
+The linear probe is a logistic regression on the frozen encoder's mean-pooled final states,
+pretrained beside random init. It has none of fine-tuning's seed noise and no lr to choose, so
+it shows what pretraining put into the features on its own: fine-tuning at a well-chosen lr can
+let random weights catch up on a small lexical task (the model learns a bag of words either
+way), the probe cannot."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 BOW_C_GRID = (0.1, 1.0, 10.0)
+PROBE_C_GRID = (0.01, 0.1, 1.0, 10.0)  # on standardised features
 COLLAPSE_INPUTS = 256  # training inputs the representation check encodes
 
 
@@ -59,26 +66,57 @@ def bag_of_words(task, fit_rows: list[int], held_rows: list[int], score) -> dict
             "selection": {f"{c:g}": v for c, v in trials.items()}}
 
 
-def mean_pairwise_cosine(model, data, pad_id: int, device, batch_size: int = 64) -> float:
-    """Mean cosine similarity between the mean-pooled final hidden states of different inputs
-    (the first COLLAPSE_INPUTS rows of `data`), through the classifier's encoder."""
+def pooled_features(model, data, rows: list[int], pad_id: int, device, batch_size: int = 64) -> torch.Tensor:
+    """The mean-pooled final hidden states of `rows` of `data`, through the classifier's
+    encoder in eval mode (no dropout), in row order, fp32 on the CPU."""
     from commodity_bert.finetune.trainer import _collate
-    rows = list(range(min(COLLAPSE_INPUTS, len(data))))
-    pooled = []
+    order = sorted(range(len(rows)), key=lambda k: -len(data.input_ids[rows[k]]))  # little padding
+    pooled = torch.empty(len(rows), model.bert.config.hidden_size)
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            batch = _collate(data, rows[start:start + batch_size], pad_id, device)
+        for start in range(0, len(order), batch_size):
+            at = order[start:start + batch_size]
+            batch = _collate(data, [rows[k] for k in at], pad_id, device)
             hidden = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                                 attention_mask=batch["attention_mask"]).last_hidden_state.float()
             mask = batch["attention_mask"].unsqueeze(-1).float()
-            pooled.append((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0))
-    vectors = torch.nn.functional.normalize(torch.cat(pooled), dim=-1)
+            pooled[at] = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)).cpu()
+    return pooled
+
+
+def mean_pairwise_cosine(model, data, pad_id: int, device) -> float:
+    """Mean cosine similarity between the mean-pooled final hidden states of different inputs
+    (the first COLLAPSE_INPUTS rows of `data`)."""
+    rows = list(range(min(COLLAPSE_INPUTS, len(data))))
+    if len(rows) < 2:
+        return float("nan")
+    vectors = torch.nn.functional.normalize(pooled_features(model, data, rows, pad_id, device), dim=-1)
     similarity = vectors @ vectors.T
     n = len(vectors)
-    if n < 2:
-        return float("nan")
     return float((similarity.sum() - similarity.diagonal().sum()) / (n * (n - 1)))
+
+
+def linear_probe(model, train, dev, fit_rows: list[int], held_rows: list[int], pad_id: int, device, score) -> dict:
+    """Logistic regression on the frozen encoder's mean-pooled features (standardised): C chosen
+    on the held-out slice, then fitted on the whole training split and scored on dev."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    features = pooled_features(model, train, list(range(len(train))), pad_id, device).numpy()
+    dev_features = pooled_features(model, dev, list(range(len(dev))), pad_id, device).numpy()
+    labels = np.array(train.labels)
+
+    def fit(rows, c):
+        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(features[rows], labels[rows])
+
+    trials = {c: score(fit(fit_rows, c).predict(features[held_rows]).tolist(), labels[held_rows].tolist())
+              for c in PROBE_C_GRID}
+    best = max(trials.values())
+    chosen = min(c for c, v in trials.items() if v == best)
+    predicted = fit(list(range(len(train))), chosen).predict(dev_features).tolist()
+    return {"value": score(predicted, list(dev.labels)), "C": chosen,
+            "selection": {f"{c:g}": v for c, v in trials.items()}}
 
 
 def collapsed(pretrained_cosine: float, random_init_cosine: float) -> bool:

@@ -200,16 +200,18 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
                                                             from_random, progress) for seed in seeds]),
                       "lr": lr, "lr_selection": None if trials is None else {f"{k:g}": v for k, v in trials.items()}}
     pad_id = pretrained.tokenizer.pad_token_id or 0
-    cosine = {}
+    cosine, probe = {}, {}
     for name, from_random in (("pretrained", False), ("random_init", True)):
         trainer.seed_everything(seeds[0])
-        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling)
-        cosine[name] = baselines.mean_pairwise_cosine(encoder.to(device), train, pad_id, device)
+        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling).to(device)
+        cosine[name] = baselines.mean_pairwise_cosine(encoder, train, pad_id, device)
+        probe[name] = baselines.linear_probe(encoder, train, dev, fit_rows, held_rows, pad_id, device, score)
     truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train), 1)
     return {"task": task.name, "metric": task.metric, **rows["pretrained"], "model": str(pretrained.path),
             "train_size": len(train), "dev_size": len(dev), "seconds": round(time.perf_counter() - started, 1),
             "majority": {"label": str(majority_label), "value": trainer.majority(task, dev, majority_label)},
             "bag_of_words": baselines.bag_of_words(task, fit_rows, held_rows, score),
+            "linear_probe": probe,
             "representations": {"mean_cosine": cosine["pretrained"], "random_init_mean_cosine": cosine["random_init"],
                                 "collapsed": baselines.collapsed(cosine["pretrained"], cosine["random_init"])},
             "selection": {"held_out": len(held_rows), "grid": grid if hp.lr is None else None,
@@ -248,6 +250,10 @@ def print_report(result: dict) -> None:
               f"{row['lr']:>8.0e}   {per_seed}")
     bow = result["bag_of_words"]
     print(f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})")
+    probe = result.get("linear_probe")
+    if probe:
+        print(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression on the "
+              f"frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
     label = f"majority ({result['majority']['label']})"
     print(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
     rep = result["representations"]

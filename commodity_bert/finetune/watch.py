@@ -86,10 +86,13 @@ def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_di
     known = pretrained.provenance
     row = {"step": candidate.step, "samples": known.get("samples"), "elapsed_s": known.get("elapsed_s"),
            "task": task.name, "metric": task.metric, "median": result["median"], "min": result["min"],
-           "max": result["max"], "seeds": len(seeds), "source": candidate.kind, "seconds": result["seconds"]}
+           "max": result["max"], "seeds": len(seeds), "source": candidate.kind, "seconds": result["seconds"],
+           "linear_probe": result["linear_probe"]["pretrained"]["value"]}
     with open(run_dir / ROWS, "a") as fh:
         fh.write(json.dumps(row) + "\n")
-    writer.add_scalar(f"downstream/{task.name.replace(':', '_')}/{task.metric}", result["median"], candidate.step)
+    tag = f"downstream/{task.name.replace(':', '_')}"
+    writer.add_scalar(f"{tag}/{task.metric}", result["median"], candidate.step)
+    writer.add_scalar(f"{tag}/linear_probe", row["linear_probe"], candidate.step)  # frozen: no seed noise
     writer.flush()
     return row
 
