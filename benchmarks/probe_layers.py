@@ -5,8 +5,8 @@ bert-finetune's linear probe reads the last layer only. When a small, briefly pr
 model's last layer probes worse than random weights (issue 30 measured it on both embedded
 tasks), this says whether the information is gone from the whole encoder or only from the top
 layers that masked-LM training turns toward predicting frequent tokens. Same procedure as
-bert-finetune: logistic regression on standardised features, C chosen on the held-out slice of
-the training split (selection.held_out_slice), scored on dev once.
+bert-finetune (baselines.probe_features): logistic regression on standardised features, C chosen
+on the held-out slice of the training split (selection.held_out_slice), scored on dev once.
 
     python benchmarks/probe_layers.py --model RUN --task embedded:polarity [--json OUT]
 """
@@ -47,21 +47,6 @@ def layer_features(encoder, data, pad_id: int, batch_size: int = 64) -> list[np.
     return out
 
 
-def probe(features, labels, dev_features, dev_labels, fit_rows, held_rows, score) -> dict:
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    def fit(rows, c):
-        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=3000)).fit(features[rows], labels[rows])
-    trials = {c: score(fit(fit_rows, c).predict(features[held_rows]).tolist(), labels[held_rows].tolist())
-              for c in baselines.PROBE_C_GRID}
-    best = max(trials.values())
-    chosen = min(c for c, v in trials.items() if v == best)
-    return {"value": score(fit(list(range(len(labels))), chosen).predict(dev_features).tolist(), dev_labels),
-            "C": chosen}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, required=True)
@@ -86,7 +71,7 @@ def main() -> None:
         trainer.seed_everything(args.seed)
         encoder = models.classifier(pretrained, len(task.label_names), from_random, 0.1, "mean")
         feats, dev_feats = layer_features(encoder, train, pad_id), layer_features(encoder, dev, pad_id)
-        result[arm] = [probe(f, labels, d, list(dev.labels), fit_rows, held_rows, score)
+        result[arm] = [baselines.probe_features(f, labels, d, dev.labels, fit_rows, held_rows, score)
                        for f, d in zip(feats, dev_feats)]
     print(f"{task.name}: linear probe on each layer's mean-pooled states ({args.model})")
     print(f"{'layer':<8}{'pretrained':>12}{'random init':>13}")

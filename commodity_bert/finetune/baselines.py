@@ -99,13 +99,19 @@ def mean_pairwise_cosine(model, data, pad_id: int, device) -> float:
 def linear_probe(model, train, dev, fit_rows: list[int], held_rows: list[int], pad_id: int, device, score) -> dict:
     """Logistic regression on the frozen encoder's mean-pooled features (standardised): C chosen
     on the held-out slice, then fitted on the whole training split and scored on dev."""
+    features = pooled_features(model, train, list(range(len(train))), pad_id, device).numpy()
+    dev_features = pooled_features(model, dev, list(range(len(dev))), pad_id, device).numpy()
+    return probe_features(features, train.labels, dev_features, dev.labels, fit_rows, held_rows, score)
+
+
+def probe_features(features, labels, dev_features, dev_labels, fit_rows: list[int], held_rows: list[int],
+                   score) -> dict:
+    """The probe on features already computed (one row per example)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    features = pooled_features(model, train, list(range(len(train))), pad_id, device).numpy()
-    dev_features = pooled_features(model, dev, list(range(len(dev))), pad_id, device).numpy()
-    labels = np.array(train.labels)
+    labels = np.asarray(labels)
 
     def fit(rows, c):
         return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(features[rows], labels[rows])
@@ -114,8 +120,8 @@ def linear_probe(model, train, dev, fit_rows: list[int], held_rows: list[int], p
               for c in PROBE_C_GRID}
     best = max(trials.values())
     chosen = min(c for c, v in trials.items() if v == best)
-    predicted = fit(list(range(len(train))), chosen).predict(dev_features).tolist()
-    return {"value": score(predicted, list(dev.labels)), "C": chosen,
+    predicted = fit(list(range(len(labels))), chosen).predict(dev_features).tolist()
+    return {"value": score(predicted, list(dev_labels)), "C": chosen,
             "selection": {f"{c:g}": v for c, v in trials.items()}}
 
 
