@@ -77,9 +77,9 @@ def main() -> None:
                                     freq, torch.Generator().manual_seed(0))}
     for arm in ("pretrained", "random_init"):
         r = result[arm]
-        print(f"{arm}: effective rank {r['effective_rank']} of {r['width']}; " + "; ".join(
-            f"seen {_band(b['occurrences'])} ({b['tokens']} tokens): cos {b['mean_cosine']:.3f}, norm {b['mean_norm']:.3f}"
-            for b in r["bands"]))
+        bands = [f"seen {_band(b['occurrences'])} ({b['tokens']} tokens): cos {b['mean_cosine']:.3f}, "
+                 f"norm {b['mean_norm']:.3f}" for b in r["bands"]]
+        print(f"{arm}: effective rank {r['effective_rank']} of {r['width']}; " + "; ".join(bands))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from commodity_bert.finetune.selection import choose  # the smaller setting on a tie, as for the lr
+
 BOW_C_GRID = (0.1, 1.0, 10.0)
 PROBE_C_GRID = (0.01, 0.1, 1.0, 10.0)  # on standardised features
 COLLAPSE_INPUTS = 256  # training inputs the representation check encodes
@@ -59,67 +61,66 @@ def bag_of_words(task, fit_rows: list[int], held_rows: list[int], score) -> dict
     for c in BOW_C_GRID:
         predict = fit(fit_rows, c)
         trials[c] = score(predict([texts[i] for i in held_rows]), labels[held_rows].tolist())
-    best = max(trials.values())
-    chosen = min(c for c, v in trials.items() if v == best)
+    chosen = choose(trials)
     predict = fit(list(range(len(texts))), chosen)
     return {"value": score(predict(_documents(task.dev)), dev_labels), "C": chosen,
             "selection": {f"{c:g}": v for c, v in trials.items()}}
 
 
-def pooled_features(model, data, rows: list[int], pad_id: int, device, batch_size: int = 64) -> torch.Tensor:
-    """The mean-pooled final hidden states of `rows` of `data`, through the classifier's
-    encoder in eval mode (no dropout), in row order, fp32 on the CPU."""
+def pooled_features(model, data, pad_id: int, device, rows: list[int] | None = None, all_layers: bool = False,
+                    batch_size: int = 64) -> torch.Tensor:
+    """The mean-pooled final hidden states of `rows` of `data` (default: every row), through the
+    classifier's encoder in eval mode (no dropout), in row order, fp32 on the CPU: [rows,
+    hidden]; with all_layers, every layer's (0 = the embeddings): [layers + 1, rows, hidden]."""
     from commodity_bert.finetune.trainer import _collate
+    rows = list(range(len(data))) if rows is None else rows
     order = sorted(range(len(rows)), key=lambda k: -len(data.input_ids[rows[k]]))  # little padding
-    pooled = torch.empty(len(rows), model.bert.config.hidden_size)
+    config = model.bert.config
+    pooled = torch.empty(config.num_hidden_layers + 1 if all_layers else 1, len(rows), config.hidden_size)
     model.eval()
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             at = order[start:start + batch_size]
             batch = _collate(data, [rows[k] for k in at], pad_id, device)
-            hidden = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                                attention_mask=batch["attention_mask"]).last_hidden_state.float()
+            out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                             attention_mask=batch["attention_mask"], output_hidden_states=all_layers)
             mask = batch["attention_mask"].unsqueeze(-1).float()
-            pooled[at] = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)).cpu()
-    return pooled
+            for layer, hidden in enumerate(out.hidden_states if all_layers else (out.last_hidden_state,)):
+                pooled[layer, at] = ((hidden.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)).cpu()
+    return pooled if all_layers else pooled[0]
 
 
-def mean_pairwise_cosine(model, data, pad_id: int, device) -> float:
-    """Mean cosine similarity between the mean-pooled final hidden states of different inputs
-    (the first COLLAPSE_INPUTS rows of `data`)."""
-    rows = list(range(min(COLLAPSE_INPUTS, len(data))))
-    if len(rows) < 2:
-        return float("nan")
-    vectors = torch.nn.functional.normalize(pooled_features(model, data, rows, pad_id, device), dim=-1)
-    similarity = vectors @ vectors.T
+def mean_cosine(vectors: torch.Tensor) -> float:
+    """Mean cosine similarity between different rows of `vectors`."""
     n = len(vectors)
+    if n < 2:
+        return float("nan")
+    unit = torch.nn.functional.normalize(vectors, dim=-1)
+    similarity = unit @ unit.T
     return float((similarity.sum() - similarity.diagonal().sum()) / (n * (n - 1)))
 
 
-def linear_probe(model, train, dev, fit_rows: list[int], held_rows: list[int], pad_id: int, device, score) -> dict:
-    """Logistic regression on the frozen encoder's mean-pooled features (standardised): C chosen
-    on the held-out slice, then fitted on the whole training split and scored on dev."""
-    features = pooled_features(model, train, list(range(len(train))), pad_id, device).numpy()
-    dev_features = pooled_features(model, dev, list(range(len(dev))), pad_id, device).numpy()
-    return probe_features(features, train.labels, dev_features, dev.labels, fit_rows, held_rows, score)
+def mean_pairwise_cosine(model, data, pad_id: int, device) -> float:
+    """mean_cosine of the mean-pooled final hidden states of the first COLLAPSE_INPUTS rows."""
+    return mean_cosine(pooled_features(model, data, pad_id, device, rows=list(range(min(COLLAPSE_INPUTS, len(data))))))
 
 
-def probe_features(features, labels, dev_features, dev_labels, fit_rows: list[int], held_rows: list[int],
-                   score) -> dict:
-    """The probe on features already computed (one row per example)."""
+def linear_probe(features, labels, dev_features, dev_labels, fit_rows: list[int], held_rows: list[int],
+                 score) -> dict:
+    """Logistic regression on frozen features (one row per example, standardised): C chosen on
+    the held-out slice, then fitted on the whole training split and scored on dev."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    labels = np.asarray(labels)
+    features, dev_features, labels = np.asarray(features), np.asarray(dev_features), np.asarray(labels)
 
     def fit(rows, c):
         return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)).fit(features[rows], labels[rows])
 
     trials = {c: score(fit(fit_rows, c).predict(features[held_rows]).tolist(), labels[held_rows].tolist())
               for c in PROBE_C_GRID}
-    best = max(trials.values())
-    chosen = min(c for c, v in trials.items() if v == best)
+    chosen = choose(trials)
     predicted = fit(list(range(len(labels))), chosen).predict(dev_features).tolist()
     return {"value": score(predicted, list(dev_labels)), "C": chosen,
             "selection": {f"{c:g}": v for c, v in trials.items()}}

@@ -203,9 +203,13 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
     cosine, probe = {}, {}
     for name, from_random in (("pretrained", False), ("random_init", True)):
         trainer.seed_everything(seeds[0])
-        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling).to(device)
-        cosine[name] = baselines.mean_pairwise_cosine(encoder, train, pad_id, device)
-        probe[name] = baselines.linear_probe(encoder, train, dev, fit_rows, held_rows, pad_id, device, score)
+        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling)
+        encoder.to(device)
+        features = baselines.pooled_features(encoder, train, pad_id, device)  # encoded once for both
+        dev_features = baselines.pooled_features(encoder, dev, pad_id, device)
+        cosine[name] = baselines.mean_cosine(features[:baselines.COLLAPSE_INPUTS])
+        probe[name] = baselines.linear_probe(features, train.labels, dev_features, dev.labels, fit_rows, held_rows,
+                                             score)
     truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train), 1)
     return {"task": task.name, "metric": task.metric, **rows["pretrained"], "model": str(pretrained.path),
             "train_size": len(train), "dev_size": len(dev), "seconds": round(time.perf_counter() - started, 1),
@@ -252,8 +256,8 @@ def print_report(result: dict) -> None:
     print(f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})")
     probe = result.get("linear_probe")
     if probe:
-        print(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression on the "
-              f"frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
+        print(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression on "
+              f"the frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
     label = f"majority ({result['majority']['label']})"
     print(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
     rep = result["representations"]

@@ -19,7 +19,8 @@ def cell(row: dict | None) -> str:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| task | metric | dev | pretrained | lr | random init | lr | bag of words | linear probe | majority | seeds |",
+    lines = ["| task | metric | dev | pretrained | lr | random init | lr | bag of words | linear probe | majority "
+             "| seeds |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rand = r.get("random_init")
@@ -35,8 +36,8 @@ def table(results: list[dict]) -> str:
     notes = [f"{r['task']}: the pretrained model's representations look collapsed" for r in results
              if (r.get("representations") or {}).get("collapsed")]
     return "\n".join(lines) + (f"\n\nmedian (min–max) over seeds, in %; lr: the rate chosen on a held-out slice of "
-                               f"the training data (or given); linear probe: logistic regression on the frozen mean-pooled features, "
-                               f"pretrained / random init; model: {', '.join(models)}") + \
+                               f"the training data (or given); linear probe: logistic regression on the frozen "
+                               f"mean-pooled features, pretrained / random init; model: {', '.join(models)}") + \
         "".join(f"\n\nwarning: {n}" for n in notes)
 
 
