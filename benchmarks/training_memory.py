@@ -95,17 +95,18 @@ class RankPeaks(threading.Thread):
                     self.peaks[pid] = max(self.peaks.get(pid, 0.0), mb)
 
 
-def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str]) -> dict:
+def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str], model: str = "tiny",
+          config: Path = REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", env: dict | None = None) -> dict:
     deepspeed = Path(sys.executable).with_name("deepspeed")
     cmd = [str(deepspeed), "--num_gpus", "2", "--master_port", str(free_port()), "train.py",
-           "--deepspeed_config", str(REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json"), "--data", str(data),
-           "--model", "tiny", "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "25",
+           "--deepspeed_config", str(config), "--data", str(data),
+           "--model", model, "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "25",
            "--eval-every", "0", "--save-every", "0", "--num-workers", "1", *extra]
     started = time.perf_counter()
     ranks = RankPeaks()
     ranks.start()
     with open(run.with_suffix(".log"), "w") as log:
-        proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         _, status, usage = os.wait4(proc.pid, 0)
     ranks.done.set()
     ranks.join()
@@ -117,7 +118,7 @@ def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str]) -> di
     return {"wall_s": time.perf_counter() - started, "largest_process_peak_rss_mb": usage.ru_maxrss / 1024,
             "rank_peak_rss_mb": sorted(ranks.peaks.values()), "summary_peak_rss_mb": summary.get("peak_rss_mb"),
             "rank_processes": {pid: [*ranks.seen[pid], ranks.peaks[pid]] for pid in ranks.peaks},
-            "seq_per_s": statistics.median(rates), "seq_per_s_windows": rates}
+            "seq_per_s": statistics.median(rates) if rates else None, "seq_per_s_windows": rates}
 
 
 LOADER_PEAK = """

@@ -18,6 +18,13 @@ Each side is evaluated every --eval-every-s seconds of its own training (evaluat
 not counted) and at the end. The report: each side's accuracy over time, the hf_trainer's final
 accuracy and how long the project took to reach it; a PNG plot and JSON.
 
+--hf-steps N trains the Trainer side N optimizer steps (the time budget still caps it), so its
+schedule can decay to 0 as train.py's configs do (`--hf-schedule linear --hf-warmup-ratio 0.1
+--hf-beta2 0.98 --hf-lr 1e-3`: ds_configs/cpu_mini_adamw_bf16.json's recipe); a step budget also
+keeps the model independent of what else runs on the machine. `--sides hf_trainer` runs that side
+alone (beside a train.py run made elsewhere, e.g. by bert-ablate). The Trainer's last model is
+always kept in WORK/snapshots/hf_trainer_final.
+
 --snapshot-minutes 10 20 keeps each side's model as a Hugging Face directory (weights and
 tokenizer, loadable by `bert-finetune --model`) in WORK/snapshots/{hf_trainer,project}_Mmin
 after M minutes of training. Both schedules are constant after warmup, so the M-minute snapshot
@@ -28,6 +35,8 @@ copied after each.
 
     python benchmarks/vs_hf_trainer.py [--model mini] [--minutes 10] [--snapshot-minutes 5 10]
         [--work DIR] [--json OUT] [--plot OUT.png]
+    python benchmarks/vs_hf_trainer.py --sides hf_trainer --model mini --precision bf16 --hf-steps 800 \
+        --hf-schedule linear --hf-warmup-ratio 0.1 --hf-beta2 0.98 --hf-lr 1e-3 --minutes 120 --work W
 """
 from __future__ import annotations
 
@@ -104,6 +113,7 @@ def run_hf_trainer(args) -> None:
     model = BertForMaskedLM._from_config(copy.deepcopy(build_config(args.model, manifest["vocab"]["size"])),
                                          attn_implementation="sdpa")
     budget, curve = args.minutes * 60, []
+    began = time.perf_counter()
     snapshots = sorted(m for m in args.snapshot_minutes if m <= args.minutes)
 
     class TimeBudgetAndEval(TrainerCallback):
@@ -134,8 +144,9 @@ def run_hf_trainer(args) -> None:
 
     targs = TrainingArguments(
         output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.micro_batch,
-        learning_rate=args.hf_lr, weight_decay=0.01, warmup_steps=args.warmup_steps,
-        lr_scheduler_type="constant_with_warmup", max_steps=10 ** 7, logging_steps=50, save_strategy="no",
+        learning_rate=args.hf_lr, weight_decay=0.01, adam_beta2=args.hf_beta2,
+        warmup_steps=round(args.hf_warmup_ratio * args.hf_steps) if args.hf_warmup_ratio else args.warmup_steps,
+        lr_scheduler_type=args.hf_schedule, max_steps=args.hf_steps or 10 ** 7, logging_steps=50, save_strategy="no",
         report_to=[], use_cpu=True, dataloader_num_workers=1, seed=args.seed, disable_tqdm=True,
         bf16=args.precision == "bf16")
     trainer = Trainer(model=model, args=targs, train_dataset=train_set,
@@ -143,6 +154,12 @@ def run_hf_trainer(args) -> None:
                       callbacks=[TimeBudgetAndEval()])
     trainer.train()
     Path(args.out, "curve.json").write_text(json.dumps(curve))
+    keep = Path(args.out).parent / "snapshots" / "hf_trainer_final"
+    model.save_pretrained(str(keep))
+    tokenizer.save_pretrained(str(keep))
+    (keep / "pretraining.json").write_text(json.dumps({
+        "step": trainer.state.global_step, "samples": trainer.state.global_step * args.micro_batch,
+        "wall_s": time.perf_counter() - began, "val_mlm_acc": curve[-1]["val_mlm_acc"] if curve else None}))
 
 
 def run_project(args, data: Path, out: Path) -> list[dict]:
@@ -191,6 +208,13 @@ def main() -> None:
     parser.add_argument("--hf-lr", type=float, default=5e-4, help="AdamW lr for the Trainer (from scratch)")
     parser.add_argument("--project-lr", type=float, default=5e-3, help="LAMB lr for train.py")
     parser.add_argument("--warmup-steps", type=int, default=30)
+    parser.add_argument("--hf-steps", type=int, default=0, help="the Trainer's optimizer steps (0: the time budget)")
+    parser.add_argument("--hf-schedule", choices=["constant_with_warmup", "linear"], default="constant_with_warmup",
+                        help="the Trainer's lr schedule (linear: decay to 0 at --hf-steps)")
+    parser.add_argument("--hf-warmup-ratio", type=float, default=0.0,
+                        help="the Trainer's warm-up as a fraction of --hf-steps (0: --warmup-steps)")
+    parser.add_argument("--hf-beta2", type=float, default=0.999, help="the Trainer's AdamW beta2")
+    parser.add_argument("--sides", default="project,hf_trainer", help="which sides to run, comma-separated")
     parser.add_argument("--eval-every-s", type=float, default=60.0)
     parser.add_argument("--project-eval-every", type=int, default=25, help="train.py evaluates every N steps")
     parser.add_argument("--seed", type=int, default=1)
@@ -209,9 +233,18 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="vs_trainer_"))
     data = prepare_data(work, args.input, args.seq_len)
+    sides = set(args.sides.split(","))
+    if not sides or sides - {"project", "hf_trainer"}:
+        raise SystemExit(f"--sides {args.sides}: name project, hf_trainer or both, comma-separated")
     started = time.time()
-    project = run_project(args, data, work / "project")
+    project = run_project(args, data, work / "project") if "project" in sides else []
     project_wall = time.time() - started
+    if "hf_trainer" not in sides:
+        print("project     " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min: {r['val_mlm_acc']:.2%}" for r in project))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "project": project,
+                                                   "project_wall_s": project_wall}, indent=1))
+        return
     trainer_out = work / "hf_trainer"
     proc = subprocess.run([sys.executable, __file__, "--run-trainer", "--data", str(data), "--out", str(trainer_out),
                            *[a for a in sys.argv[1:] if a not in ("--run-trainer",)]],
@@ -220,6 +253,13 @@ def main() -> None:
         raise SystemExit(f"HF Trainer run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     trainer = json.loads((trainer_out / "curve.json").read_text())
 
+    if "project" not in sides:
+        machine = f"{platform.machine()}, {os.cpu_count()} cores"
+        print(f"hf_trainer  {machine}: " + ", ".join(f"step {r['step']}: {r['val_mlm_acc']:.2%}" for r in trainer))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args), "hf_trainer": trainer},
+                                                  indent=1))
+        return
     target = trainer[-1]["val_mlm_acc"]
     reached = next((r for r in project if r["val_mlm_acc"] >= target), None)
     machine = f"{platform.machine()}, {os.cpu_count()} cores"

@@ -1,0 +1,90 @@
+"""Where a training rank's host memory goes: `mini`'s peak RSS taken apart by measuring each part.
+
+A `mini` rank (11M parameters) peaked at 3.6-3.9 GB of host memory (summary.json
+`peak_rss_mb`) where the parameters, gradients and AdamW state in fp32 are ~180 MB. This runs
+train.py on 2 local ranks for a few steps under one change at a time and reports each rank's
+peak RSS (VmHWM, polled from /proc by training_memory.RankPeaks), so the differences attribute
+the peak:
+
+- imports: a process that only imports what train.py imports (torch, deepspeed, transformers,
+  the project) and builds nothing;
+- set-up: train.py for 1 step (model, DeepSpeed engine, loader, first batch);
+- activations: micro-batch 32 against 8 (the autograd graph scales with the batch);
+- precision: bf16 against fp32 (DeepSpeed's bf16 wrapper keeps fp32 master copies beside the
+  bf16 weights);
+- the allocator: glibc's per-thread arenas (MALLOC_ARENA_MAX=2), and its dynamic mmap threshold
+  (which rises to 32 MB after the first large free, so activation-sized blocks then come from the
+  brk heap, which fragments and is rarely returned: MALLOC_MMAP_THRESHOLD_=131072 pins it),
+  against the default;
+- the model: `tiny` (2 x 128, same vocabulary) in the same set-up.
+
+    python benchmarks/rank_memory.py --data SHARDS [--steps 40] [--json OUT]
+
+SHARDS: seq-128 shards with BERT's 30,522-token vocabulary (e.g. benchmarks/studies/mini_100k's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_common import REPO
+from training_memory import train
+
+CONFIG = REPO / "ds_configs" / "cpu_mini_adamw_bf16.json"
+IMPORTS = """
+import torch, deepspeed, transformers, h5py, numpy
+import commodity_bert.model, commodity_bert.data, commodity_bert.optim
+print(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024)
+"""
+
+
+def config_with(work: Path, name: str, **changes) -> Path:
+    config = json.loads(CONFIG.read_text())
+    for key, value in changes.items():
+        config[key] = value
+    path = work / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rank_memory_"))
+    imports = float(subprocess.run([sys.executable, "-c", IMPORTS], cwd=REPO, check=True, capture_output=True,
+                                   text=True).stdout.split()[-1])
+    print(f"imports only: {imports:.0f} MB", flush=True)
+    variants = [  # name, model, steps, config, env
+        ("mini, micro-batch 32, bf16", "mini", args.steps, CONFIG, {}),
+        ("mini, set-up and 1 step", "mini", 1, CONFIG, {}),
+        ("mini, micro-batch 8", "mini", args.steps, config_with(work, "micro8", train_micro_batch_size_per_gpu=8), {}),
+        ("mini, fp32", "mini", args.steps, config_with(work, "fp32", bf16={"enabled": False}), {}),
+        ("mini, MALLOC_ARENA_MAX=2", "mini", args.steps, CONFIG, {"MALLOC_ARENA_MAX": "2"}),
+        ("mini, MALLOC_MMAP_THRESHOLD_=131072", "mini", args.steps, CONFIG, {"MALLOC_MMAP_THRESHOLD_": "131072"}),
+        ("tiny, micro-batch 32, bf16", "tiny", args.steps, CONFIG, {}),
+    ]
+    runs = []
+    for name, model, steps, config, env in variants:
+        measured = train(REPO, args.data, work / name.replace(" ", "_").replace(",", ""), steps, [], model=model,
+                         config=config, env=env)
+        runs.append({"variant": name, "model": model, "steps": steps, "env": env, **measured})
+        print(f"{name}: rank peak RSS {max(measured['rank_peak_rss_mb']):.0f} MB "
+              f"(ranks {', '.join(f'{mb:.0f}' for mb in measured['rank_peak_rss_mb'])})", flush=True)
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+              "command": " ".join(sys.argv), "imports_peak_rss_mb": imports, "runs": runs}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
