@@ -102,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dist-timeout-minutes", type=float, default=10.0,
                    help="collective timeout: how long ranks wait for a dead peer before failing")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see README")
+                   help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see docs/training.md")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
     p.add_argument("--watch-downstream", metavar="FINETUNE_ARGS",
                    help="fine-tune each checkpoint as it appears, beside the training on rank 0's host "

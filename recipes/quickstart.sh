@@ -41,8 +41,8 @@ echo "training: $CONFIG ($PRECISION), $STEPS steps on ${RANKS:-2} ranks"
     | grep --line-buffered -E '^(step|done|stopping|warning|left the)|error|Error'
 $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
 # what it does downstream: the embedded polarity task, beside the same model fine-tuned from
-# random weights, a bag-of-words baseline and a linear probe on the frozen features (README "Is
-# my BERT any good?"). Both arms at lr 1e-3: bert-finetune --lr auto chose it for random init
+# random weights, a bag-of-words baseline and a linear probe on the frozen features
+# (docs/evaluation.md, "Is my BERT any good?"). Both arms at lr 1e-3: bert-finetune --lr auto chose it for random init
 # in every measured selection on this task and for the pretrained tiny in 3 of 5 (at 3e-5 and
 # 1e-4 tiny predicts the majority class in both arms; benchmarks/RESULTS.md), and choosing again
 # costs ~2 of the quickstart's 7 minutes. DOWNSTREAM_LR=auto chooses; recipes/evaluate.sh

@@ -15,7 +15,7 @@ import numpy as np
 # Chosen before the quickstart's own run and printed whatever the model answers. The first four
 # are what a model of this budget (5 CPU minutes) gets right in trial runs: where a sentence
 # starts and ends, the verb after "there" and "this"; the last, a collocation the addresses
-# repeat 4,536 times, needs more training than that (README).
+# repeat 4,536 times, needs more training than that (docs/quickstart.md).
 PROBES = [
     ("[MASK] must do more .", "we"),
     ("we must do more [MASK]", "."),

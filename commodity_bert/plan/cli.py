@@ -13,7 +13,7 @@ The model (commodity_bert/plan/step_model.py): step = compute + exposed communic
 allreduce's bytes over the measured per-rank bandwidth plus its latency hops; bucket-wise
 clipping hides buckets behind backward; 1-bit LAMB pays full-gradient steps until its freeze
 step, then 1 bit per element plus scales; 0/1 Adam follows its variance and local-step schedules
-(full, 1-bit, local and sync steps); DiLoCo sends nothing for H − 1 steps, then the pseudo-gradient. README: "How long will it take on my cluster?".
+(full, 1-bit, local and sync steps); DiLoCo sends nothing for H − 1 steps, then the pseudo-gradient. docs/planning.md: "How long will it take on my cluster?".
 """
 from __future__ import annotations
 
