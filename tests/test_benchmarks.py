@@ -72,3 +72,19 @@ def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small)
     assert result["target"] == result["hf_trainer"][-1]["val_mlm_acc"]
     first_reaching = next((r for r in result["project"] if r["val_mlm_acc"] >= result["target"]), None)
     assert result["project_reached_at_s"] == (first_reaching["elapsed_s"] if first_reaching else None)
+
+
+def test_trainer_side_alone_stops_at_its_step_budget_and_keeps_a_loadable_model(tmp_path, sotu_small):
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "hf_trainer", "--model", "tiny",
+                           "--input", sotu_small, "--micro-batch", "8", "--hf-steps", "7", "--hf-schedule", "linear",
+                           "--hf-warmup-ratio", "0.3", "--hf-beta2", "0.98", "--minutes", "5", "--eval-every-s", "600",
+                           "--work", str(tmp_path / "work"), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "project" not in result and [r["step"] for r in result["hf_trainer"]] == [7]  # the budget, not the clock
+    final = tmp_path / "work" / "snapshots" / "hf_trainer_final"
+    assert json.loads((final / "pretraining.json").read_text())["step"] == 7
+    from transformers import BertForMaskedLM
+    assert BertForMaskedLM.from_pretrained(final).config.hidden_size == 128
