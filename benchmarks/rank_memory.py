@@ -18,7 +18,14 @@ the peak:
   against the default;
 - the model: `tiny` (2 x 128, same vocabulary) in the same set-up.
 
-    python benchmarks/rank_memory.py --data SHARDS [--steps 40] [--json OUT]
+    python benchmarks/rank_memory.py --data SHARDS [--steps 120] [--variants 7] [--repo DIR] [--json OUT]
+    python benchmarks/rank_memory.py --data SHARDS --baseline DIR [--repeats 2] [--json OUT]
+
+train.py pins glibc's mmap threshold itself since commodity_bert/host_memory.py, so the
+variants' figures for glibc's default come from a checkout before it (`--repo`, e.g. a
+`git worktree` of the commit before). `--baseline DIR` runs the first variant from DIR's
+train.py and from this one, alternately, `--repeats` times each, and prints the median peak RSS
+and sequences/s of each: the cost of the pinned threshold in speed.
 
 SHARDS: seq-128 shards with BERT's 30,522-token vocabulary (e.g. benchmarks/studies/mini_100k's).
 """
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,7 +64,11 @@ def config_with(work: Path, name: str, **changes) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--variants", type=int, default=7, help="run the first N variants of the list")
+    p.add_argument("--repo", type=Path, default=REPO, help="the checkout whose train.py runs the variants")
+    p.add_argument("--baseline", type=Path, help="A/B the first variant against this checkout's train.py")
+    p.add_argument("--repeats", type=int, default=2, help="runs per side with --baseline")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rank_memory_"))
@@ -66,19 +78,39 @@ def main() -> None:
     variants = [  # name, model, steps, config, env
         ("mini, micro-batch 32, bf16", "mini", args.steps, CONFIG, {}),
         ("mini, set-up and 1 step", "mini", 1, CONFIG, {}),
+        ("mini, MALLOC_MMAP_THRESHOLD_=131072", "mini", args.steps, CONFIG, {"MALLOC_MMAP_THRESHOLD_": "131072"}),
         ("mini, micro-batch 8", "mini", args.steps, config_with(work, "micro8", train_micro_batch_size_per_gpu=8), {}),
         ("mini, fp32", "mini", args.steps, config_with(work, "fp32", bf16={"enabled": False}), {}),
-        ("mini, MALLOC_ARENA_MAX=2", "mini", args.steps, CONFIG, {"MALLOC_ARENA_MAX": "2"}),
-        ("mini, MALLOC_MMAP_THRESHOLD_=131072", "mini", args.steps, CONFIG, {"MALLOC_MMAP_THRESHOLD_": "131072"}),
         ("tiny, micro-batch 32, bf16", "tiny", args.steps, CONFIG, {}),
-    ]
+        ("mini, MALLOC_ARENA_MAX=2", "mini", args.steps, CONFIG, {"MALLOC_ARENA_MAX": "2"}),
+    ][:args.variants]
+    # evaluations and checkpoints as a run has them (a third of the way and at the end)
+    every = ["--eval-every", str(max(args.steps // 3, 1)), "--save-every", str(max(args.steps // 3, 1))]
     runs = []
+    if args.baseline:
+        name, model, steps, config, env = variants[0]
+        sides = {"baseline": args.baseline.resolve(), "this checkout": args.repo.resolve()}
+        for repeat in range(args.repeats):
+            for side, repo in sides.items():
+                measured = train(repo, args.data, work / f"{side.replace(' ', '_')}_{repeat}", steps, every,
+                                 model=model, config=config, env=env)
+                runs.append({"variant": name, "side": side, "repo": str(repo), "repeat": repeat, **measured})
+                print(f"{side} ({repo}), {name}: peak {max(measured['rank_peak_rss_mb']):.0f} MB, "
+                      f"{measured['seq_per_s']:.1f} seq/s", flush=True)
+        for side in sides:
+            mine = [r for r in runs if r["side"] == side]
+            print(f"{side}: median peak RSS {statistics.median(max(r['rank_peak_rss_mb']) for r in mine):.0f} MB, "
+                  f"median {statistics.median(r['seq_per_s'] for r in mine):.1f} seq/s over {len(mine)} runs")
+        variants = []
     for name, model, steps, config, env in variants:
-        measured = train(REPO, args.data, work / name.replace(" ", "_").replace(",", ""), steps, [], model=model,
-                         config=config, env=env)
-        runs.append({"variant": name, "model": model, "steps": steps, "env": env, **measured})
+        measured = train(args.repo.resolve(), args.data, work / name.replace(" ", "_").replace(",", ""), steps, every,
+                         model=model, config=config, env=env)
+        runs.append({"variant": name, "model": model, "steps": steps, "env": env, "repo": str(args.repo), **measured})
+        line = max(measured["rank_rss_timeline_mb"].values(), key=lambda points: max(mb for _, mb in points))
+        quarters = [line[min(len(line) - 1, round(q * (len(line) - 1)))][1] for q in (0.25, 0.5, 0.75, 1.0)]
         print(f"{name}: rank peak RSS {max(measured['rank_peak_rss_mb']):.0f} MB "
-              f"(ranks {', '.join(f'{mb:.0f}' for mb in measured['rank_peak_rss_mb'])})", flush=True)
+              f"(ranks {', '.join(f'{mb:.0f}' for mb in measured['rank_peak_rss_mb'])}); RSS at 1/4, 1/2, 3/4, end "
+              f"of the run {' / '.join(f'{mb:.0f}' for mb in quarters)} MB", flush=True)
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
               "command": " ".join(sys.argv), "imports_peak_rss_mb": imports, "runs": runs}
     if args.json:

@@ -80,6 +80,8 @@ class RankPeaks(threading.Thread):
         super().__init__(daemon=True)
         self.peaks: dict[str, float] = {}
         self.seen: dict[str, tuple] = {}
+        self.timeline: dict[str, list[tuple[float, float]]] = {}  # pid: (seconds, VmRSS MB), every ~2 s
+        self.started = time.perf_counter()
         self.done = threading.Event()
 
     def run(self):
@@ -93,6 +95,9 @@ class RankPeaks(threading.Thread):
                     self.seen[pid] = (parent, _proc(pid, "cmdline").replace("\0", " ")[:80])
                     mb = int(status.split("VmHWM:")[1].split()[0]) / 1024
                     self.peaks[pid] = max(self.peaks.get(pid, 0.0), mb)
+                    now, line = time.perf_counter() - self.started, self.timeline.setdefault(pid, [])
+                    if not line or now - line[-1][0] >= 2:
+                        line.append((round(now, 1), int(status.split("VmRSS:")[1].split()[0]) / 1024))
 
 
 def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str], model: str = "tiny",
@@ -118,6 +123,7 @@ def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str], model
     return {"wall_s": time.perf_counter() - started, "largest_process_peak_rss_mb": usage.ru_maxrss / 1024,
             "rank_peak_rss_mb": sorted(ranks.peaks.values()), "summary_peak_rss_mb": summary.get("peak_rss_mb"),
             "rank_processes": {pid: [*ranks.seen[pid], ranks.peaks[pid]] for pid in ranks.peaks},
+            "rank_rss_timeline_mb": ranks.timeline,
             "seq_per_s": statistics.median(rates) if rates else None, "seq_per_s_windows": rates}
 
 
