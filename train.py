@@ -40,7 +40,6 @@ from commodity_bert.finetune.cli import UsageError
 from commodity_bert.finetune.tasks import TaskError
 from commodity_bert.finetune.watch import companion_command, start_beside_training
 from commodity_bert.grad_norm import gradient_norm
-from commodity_bert.host_memory import pin_mmap_threshold
 from commodity_bert.launch_checks import (
     LaunchError,
     check_data_against_model,
@@ -172,8 +171,6 @@ def main() -> None:
         # each rank would take every core (torch's default) and N ranks would fight over them;
         # DeepSpeed's --bind_cores_to_rank does this split too, but needs numactl
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
-    if not on_cuda:
-        pin_mmap_threshold()  # else a CPU rank's heap fragments and grows for the whole run
     if not on_cuda and os.environ.get("LOCAL_RANK", "0") == "0":
         for stale in clear_stale_build_locks():  # else init_distributed would wait on it for ever
             print(f"removed {stale}: an interrupted compile of DeepSpeed's CPU op left it", flush=True)
