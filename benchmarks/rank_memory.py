@@ -73,7 +73,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rank_memory_"))
-    imports = float(subprocess.run([sys.executable, "-c", IMPORTS], cwd=REPO, check=True, capture_output=True,
+    imports = float(subprocess.run([sys.executable, "-c", IMPORTS], cwd=args.repo, check=True, capture_output=True,
                                    text=True).stdout.split()[-1])
     print(f"imports only: {imports:.0f} MB", flush=True)
     variants = [  # name, model, steps, config, env
@@ -85,7 +85,8 @@ def main() -> None:
         ("tiny, micro-batch 32, bf16", "tiny", args.steps, CONFIG, {}),
         ("mini, MALLOC_ARENA_MAX=2", "mini", args.steps, CONFIG, {"MALLOC_ARENA_MAX": "2"}),
     ][:args.variants]
-    # evaluations and checkpoints as a run has them (a third of the way and at the end)
+    # evaluations and checkpoints as a run has them (a third of the way and at the end); given after
+    # train()'s own --eval-every 0 --save-every 0, they win (argparse keeps the last)
     every = ["--eval-every", str(max(args.steps // 3, 1)), "--save-every", str(max(args.steps // 3, 1))]
     runs = []
     if args.baseline:
@@ -103,8 +104,7 @@ def main() -> None:
             mine = [r for r in runs if r["side"] == side]
             print(f"{side}: median peak RSS {statistics.median(max(r['rank_peak_rss_mb']) for r in mine):.0f} MB, "
                   f"median {statistics.median(r['seq_per_s'] for r in mine):.1f} seq/s over {len(mine)} runs")
-        variants = []
-    for name, model, steps, config, env in variants:
+    for name, model, steps, config, env in [] if args.baseline else variants:
         measured = train(args.repo.resolve(), args.data, work / name.replace(" ", "_").replace(",", ""), steps, every,
                          model=model, config=config, env=env)
         runs.append({"variant": name, "model": model, "steps": steps, "env": env, "repo": str(args.repo), **measured})

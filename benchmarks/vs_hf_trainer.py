@@ -231,20 +231,29 @@ def main() -> None:
         run_hf_trainer(args)
         return
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="vs_trainer_"))
-    data = prepare_data(work, args.input, args.seq_len)
     sides = set(args.sides.split(","))
     if not sides or sides - {"project", "hf_trainer"}:
         raise SystemExit(f"--sides {args.sides}: name project, hf_trainer or both, comma-separated")
+    if (args.hf_schedule == "linear" or args.hf_warmup_ratio) and not args.hf_steps:
+        raise SystemExit("--hf-schedule linear and --hf-warmup-ratio need --hf-steps (the step the schedule ends at)")
+    work = Path(args.work or tempfile.mkdtemp(prefix="vs_trainer_"))
+    data = prepare_data(work, args.input, args.seq_len)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+
+    def curve_line(name: str, curve: list[dict]) -> str:
+        return f"{name:<11} " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min (step {r['step']}): {r['val_mlm_acc']:.2%}"
+                                          for r in curve)
+
+    def write_json(result: dict) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args), **result}, indent=1))
+
     started = time.time()
     project = run_project(args, data, work / "project") if "project" in sides else []
     project_wall = time.time() - started
     if "hf_trainer" not in sides:
-        print("project     " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min: {r['val_mlm_acc']:.2%}" for r in project))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"args": vars(args), "project": project,
-                                                   "project_wall_s": project_wall}, indent=1))
-        return
+        print(curve_line("project", project))
+        return write_json({"project": project, "project_wall_s": project_wall})
     trainer_out = work / "hf_trainer"
     proc = subprocess.run([sys.executable, __file__, "--run-trainer", "--data", str(data), "--out", str(trainer_out),
                            *[a for a in sys.argv[1:] if a not in ("--run-trainer",)]],
@@ -254,19 +263,14 @@ def main() -> None:
     trainer = json.loads((trainer_out / "curve.json").read_text())
 
     if "project" not in sides:
-        machine = f"{platform.machine()}, {os.cpu_count()} cores"
-        print(f"hf_trainer  {machine}: " + ", ".join(f"step {r['step']}: {r['val_mlm_acc']:.2%}" for r in trainer))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine, "args": vars(args), "hf_trainer": trainer},
-                                                  indent=1))
-        return
+        print(curve_line("hf_trainer", trainer))
+        return write_json({"hf_trainer": trainer})
     target = trainer[-1]["val_mlm_acc"]
     reached = next((r for r in project if r["val_mlm_acc"] >= target), None)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores"
     print(f"{args.model}, seq {args.seq_len}, {args.precision}, micro-batch {args.micro_batch}, "
           f"{args.minutes:g} min each; {machine}")
     for name, curve in (("hf_trainer", trainer), ("project", project)):
-        print(f"{name:<11} " + ", ".join(f"{r['elapsed_s'] / 60:.1f} min: {r['val_mlm_acc']:.2%}" for r in curve))
+        print(curve_line(name, curve))
     if reached:
         print(f"hf_trainer's final accuracy {target:.2%} ({trainer[-1]['elapsed_s'] / 60:.1f} min): the project "
               f"reached it at {reached['elapsed_s'] / 60:.1f} min "
@@ -274,11 +278,8 @@ def main() -> None:
     else:
         print(f"hf_trainer's final accuracy {target:.2%}: the project did not reach it "
               f"(final {project[-1]['val_mlm_acc']:.2%})")
-    result = {"machine": machine, "args": vars(args), "hf_trainer": trainer, "project": project,
-              "target": target, "project_reached_at_s": reached["elapsed_s"] if reached else None,
-              "project_wall_s": project_wall}
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_json({"hf_trainer": trainer, "project": project, "target": target,
+                "project_reached_at_s": reached["elapsed_s"] if reached else None, "project_wall_s": project_wall})
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")

@@ -88,3 +88,11 @@ def test_trainer_side_alone_stops_at_its_step_budget_and_keeps_a_loadable_model(
     assert json.loads((final / "pretraining.json").read_text())["step"] == 7
     from transformers import BertForMaskedLM
     assert BertForMaskedLM.from_pretrained(final).config.hidden_size == 128
+
+
+def test_a_decaying_trainer_schedule_without_a_step_budget_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "hf_trainer", "--hf-schedule",
+                           "linear", "--work", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode != 0 and "need --hf-steps" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "work").exists()  # refused before any data was made
