@@ -1,6 +1,7 @@
 """Helpers the benchmark scripts share (imported as a sibling: the scripts run from this folder)."""
 from __future__ import annotations
 
+import platform
 import socket
 import subprocess
 import sys
@@ -13,6 +14,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cpu_name() -> str:
+    """The CPU's model name, for the record every figure carries (bf16 speed depends on it)."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def make_shards(out: Path, input_spec: str, seq_len: int, *extra: str) -> Path:
