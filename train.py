@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -27,27 +26,15 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from commodity_bert import checkpoint
-from commodity_bert import shard_format as fmt
-from commodity_bert.bookkeeping import Bookkeeping, agree, sum_across_ranks
-from commodity_bert.bucket_clip import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
-from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.data import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
-from commodity_bert.diloco import DiLoCo, MasterParams, diloco_settings
-from commodity_bert.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
-from commodity_bert.export import export_hf_model
+from commodity_bert.comm import mode as comm_mode
+from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.finetune.cli import UsageError
 from commodity_bert.finetune.tasks import TaskError
 from commodity_bert.finetune.watch import companion_command, start_beside_training
-from commodity_bert.grad_norm import gradient_norm
-from commodity_bert.launch_checks import (
-    LaunchError,
-    check_data_against_model,
-    check_deepspeed_config,
-    load_deepspeed_config,
-)
-from commodity_bert.metrics import MetricsLogger
-from commodity_bert.model import (
+from commodity_bert.model.bert import (
     ModelConfigError,
     PretrainingModel,
     build_config,
@@ -55,11 +42,19 @@ from commodity_bert.model import (
     executed_training_flops,
     load_pretrained,
 )
-from commodity_bert.onebit_lamb import OneBitLamb
-from commodity_bert.optim import build_optimizer, optimizer_name
-from commodity_bert.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
-from commodity_bert.precision import current_loss_scale
-from commodity_bert.zero_one_adam import ZeroOneAdam
+from commodity_bert.model.export import export_hf_model
+from commodity_bert.optim.build import build_optimizer
+from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale
+from commodity_bert.train import checkpoint
+from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
+from commodity_bert.train.launch_checks import (
+    LaunchError,
+    check_data_against_model,
+    check_deepspeed_config,
+    load_deepspeed_config,
+)
+from commodity_bert.train.metrics import MetricsLogger
+from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 
 
 def parse_duration(text: str) -> float:
@@ -115,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 class StopRequest:
     """SIGTERM / SIGUSR1 (preemption, Slurm's warning signal) ask for a checkpoint and a clean exit.
-    They reach a rank when sent to it, or through bert-launch (commodity_bert/launcher.py), which
+    They reach a rank when sent to it, or through bert-launch (commodity_bert/launch/launcher.py), which
     passes a signal sent to the launcher on to the ranks; DeepSpeed's own launcher does not."""
 
     def __init__(self):
@@ -151,6 +146,13 @@ def parameters_identical_across_ranks(module, device) -> bool:
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], d) for d in every)
+
+
+def say(lines: list[str]) -> None:
+    """Lines for the user, once (rank 0)."""
+    if dist.get_rank() == 0:
+        for line in lines:
+            print(line, flush=True)
 
 
 def fail(message: str, everyone: bool = False, status: int = 2):
@@ -202,6 +204,8 @@ def main() -> None:
     max_steps = args.max_steps or ds_config.get("scheduler", {}).get("params", {}).get("total_num_steps")
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")
+    if not on_cuda and (warning := cpu_bf16_warning(args.deepspeed_config, ds_config)):
+        say([warning])
 
     # ---- where checkpoints live, and which one every rank resumes from
     node_local = not checkpoint.storage_is_shared(run_dir)
@@ -236,58 +240,23 @@ def main() -> None:
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
-    bucketwise = bucketwise_settings(ds_config)
-    diloco_config = diloco_settings(ds_config)
-    # the project's own block is not DeepSpeed's; with bucket-wise clipping DeepSpeed neither clips
-    ds_config = {k: v for k, v in ds_config.items() if k != PROJECT_BLOCK}
-    if bucketwise:
-        ds_config["gradient_clipping"] = 0.0
-    zero_stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    local_clip = 0.0
-    wrapped = ds_config.get("fp16", {}).get("enabled") or ds_config.get("bf16", {}).get("enabled")
-    if (diloco_config or optimizer_name(ds_config) == "zerooneadam") and not wrapped:
-        # DeepSpeed clips fp32 gradients by the norm averaged over the ranks: an allreduce at every
-        # step, which local steps exist to avoid. Each rank clips its own gradient instead, as
-        # DeepSpeed's fp16/bf16 wrapper does.
-        local_clip, ds_config = ds_config.get("gradient_clipping", 0.0), {**ds_config, "gradient_clipping": 0.0}
+    # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
+    mode = comm_mode.select(ds_config)
+    ds_config = mode.deepspeed_config(ds_config)
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters, config=ds_config)
-    if isinstance(optimizer, OneBitLamb):
-        # from the freeze step on, momenta travel compressed instead of gradients
-        optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
-    if isinstance(optimizer, ZeroOneAdam):
-        warning = optimizer.short_variance_warning()
-        if warning and rank == 0:
-            print(warning, flush=True)
-        # step by step, the optimizer says whether the engine allreduces the next step's gradients
-        optimizer.engine_allreduce = lambda on: setattr(engine, "enable_backward_allreduce", on)
-        optimizer.engine_allreduce(optimizer.next_step_allreduced())
-    clipper = None
-    if bucketwise:
-        engine.enable_backward_allreduce = False
-        clipper = BucketwiseClipAllreduce(list(model.parameters()), bucketwise.get("bucket_mb", 25),
-                                          bucketwise.get("max_norm", 1.0),
-                                          lambda: current_loss_scale(engine.optimizer))
+    say(mode.attach(engine, optimizer, model))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     wire = BytesCounter().install()
     samples, clocks = 0, {}
-    diloco = None
-    masters = MasterParams(engine.optimizer)  # the fp32 tensors the optimizer steps, and the way into the model
     if resume_tag is not None:
         state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
-        if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)):
-            optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
-        if "local" in rank_state:  # 0/1 Adam between two syncs: this rank's own parameters and moments
-            masters.load_rank_state(rank_state["local"])
-        if diloco_config:
-            if "diloco" not in state:
-                fail(f"{resume_dir / resume_tag} was not trained with DiLoCo; resume it with its own config, or "
-                     f"start from its weights with --init-from {resume_dir / resume_tag} --resume none")
-            masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
-            diloco = DiLoCo(masters, diloco_config)
-            diloco.load_state_dict(state["diloco"])
+        try:
+            mode.resume(state, rank_state, resume_dir / resume_tag)
+        except comm_mode.ModeStateError as exc:
+            fail(str(exc))
         samples, clocks = state["samples"], state.get("clocks", {})
         trained_on = state.get("data_digest")
         if trained_on in (None, data_digest):
@@ -304,23 +273,14 @@ def main() -> None:
             print(f"resuming from {resume_dir / resume_tag} at step {engine.global_steps}", flush=True)
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
-    if diloco_config and diloco is None:
-        diloco = DiLoCo(masters, diloco_config)
-    if diloco and rank == 0:
-        print(f"DiLoCo: {diloco.describe()}", flush=True)
-    # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own; evaluation
-    # and export use the one the ranks share
-    if diloco:
-        shared_model = diloco.global_model
-    elif isinstance(optimizer, ZeroOneAdam):
-        shared_model = functools.partial(optimizer.shared_params, masters.push_to_model)
-    else:
-        shared_model = contextlib.nullcontext
+    say(mode.ready())
     lowercase = manifest["vocab"].get("lowercase", True)
     vocab_path = Path(args.data) / fmt.VOCAB_NAME
 
     def export() -> None:
-        with shared_model():
+        # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own;
+        # evaluation and export use the one the ranks share
+        with mode.shared_model():
             if rank == 0:
                 export_hf_model(hf_model, vocab_path, lowercase, run_dir / "hf_model")
 
@@ -333,7 +293,7 @@ def main() -> None:
         # the summary of an earlier launch would say "finished" while this one trains
         (run_dir / "summary.json").unlink(missing_ok=True)
         (run_dir / "run_config.json").write_text(json.dumps(
-            {"args": vars(args), "deepspeed_config": ds_config, "world_size": world,
+            {"args": vars(args), "deepspeed_config": ds_config, "comm_mode": mode.name, "world_size": world,
              "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, indent=1, default=str))
     if args.watch_downstream:
         problem = [None]
@@ -365,30 +325,13 @@ def main() -> None:
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
                         "clocks": book.clocks(), "data_digest": data_digest}
-        rank_state = {"optimizer": optimizer.rank_state_dict()} if isinstance(optimizer, (OneBitLamb, ZeroOneAdam)) \
-            else None
-        if isinstance(optimizer, ZeroOneAdam) and not optimizer.synced_last_step:
-            rank_state["local"] = masters.rank_state()
-        if diloco:  # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
-            client_state["diloco"] = diloco.state_dict()
-            rank_state = {"diloco": diloco.masters.rank_state()}
+        shared, rank_state = mode.state()
+        client_state.update(shared)
         checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps, client_state,
                         args.keep_checkpoints, rank_state, node_local)
         book.saved()
 
-    def grads_averaged() -> bool:
-        return clipper is None and diloco is None and engine.enable_backward_allreduce
-
-    ranks_step_alone = diloco is not None or isinstance(optimizer, ZeroOneAdam)
-
-    def measure_grad_norm():
-        """Before clipping (the clipper and the optimizer step have not run yet). Where the ranks
-        step alone (DiLoCo, 0/1 Adam) each takes its own gradient's norm, which the logged row
-        combines (bookkeeping.py): no gradient-sized allreduce just for the metrics."""
-        averaged = grads_averaged()
-        own = ranks_step_alone and not averaged
-        with book.unlogged():
-            return gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged or own), own
+    mode.begin(book.unlogged)
 
     warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
     plateau = None
@@ -399,7 +342,7 @@ def main() -> None:
 
     def validate(step: int) -> dict:
         """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""
-        result = book.evaluate(lambda: evaluate(engine, val_batches, device, shared_model))
+        result = book.evaluate(lambda: evaluate(engine, val_batches, device, mode.shared_model))
         if plateau:
             fields, warning = plateau.fields(step, samples, result["val_mlm_acc"])
             result.update(fields)
@@ -415,49 +358,28 @@ def main() -> None:
     try:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
-            # free to measure every step where DeepSpeed averaged the gradients; else at logged steps
-            grad_norm, own_norm = None, False
-            measure = zero_stage == 0 and (book.is_log_step(step) or grads_averaged())
+            mode.start_step(logged=book.is_log_step(step))
             for micro in range(accumulation):
                 batch = book.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 boundary = micro == accumulation - 1
-                # DiLoCo's inner steps: no gradient allreduce (nor the fp16 wrapper's overflow flag's)
-                with engine.no_sync() if diloco else contextlib.nullcontext():
+                with mode.micro_batch(boundary):
                     loss, stats = engine(batch)
-                    if clipper and boundary:
-                        clipper.start_boundary_backward()
                     engine.backward(loss)
-                if boundary and measure:
-                    grad_norm, own_norm = measure_grad_norm()
-                if clipper and boundary:
-                    clipper.finish()
-                if local_clip and boundary:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), local_clip)
+                if boundary:
+                    mode.after_backward()
                 engine.step()
                 book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
-            if grad_norm is None and (zero_stage or measure):  # ZeRO, or DeepSpeed's own flat buffers
-                grad_norm = engine.get_global_grad_norm()
-            if diloco and (diloco.is_round_end(step) or step >= max_steps):
-                # the last step ends a round too: what the run evaluates and exports is one model
-                diloco.outer_step()
-            book.end_step(grad_norm, own_norm)
+            mode.after_step(step, last=step >= max_steps)
+            book.end_step(*mode.grad_norm())
             samples += total_batch
             decision = book.decide(step, stop.signalled)
 
             if decision.log:
                 row = book.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                current_loss_scale(engine.optimizer))
-                if isinstance(optimizer, OneBitLamb):
-                    row["onebit_frozen"] = optimizer.frozen
-                    if not optimizer.frozen:
-                        row["variance_change"] = optimizer.variance_change
-                if diloco:
-                    row["outer_rounds"] = diloco.rounds
-                if isinstance(optimizer, ZeroOneAdam):
-                    row["variance_frozen"] = optimizer.frozen
-                    row["local_step_interval"] = optimizer.schedule["local_interval"] if optimizer.frozen else 0
+                row.update(mode.metric_fields())
                 if decision.evaluate:
                     last_eval = validate(step)
                     row.update(last_eval)

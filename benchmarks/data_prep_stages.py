@@ -41,7 +41,7 @@ print(json.dumps({"profiled_wall_s": wall, "split_s": split,
                   "tokenize_s": cumulative("data_prep/pipeline.py", "_tokenize") - split,
                   "instances_s": cumulative("data_prep/instances.py", "nsp_instances"),
                   "records_and_masking_s": cumulative("data_prep/pipeline.py", "_to_records"),
-                  "hdf5_write_s": cumulative("commodity_bert/shard_format.py", "write_shard")}))
+                  "hdf5_write_s": cumulative("commodity_bert/data/shard_format.py", "write_shard")}))
 """
 
 

@@ -46,7 +46,7 @@ from training_memory import train
 CONFIG = REPO / "ds_configs" / "cpu_mini_adamw_bf16.json"
 IMPORTS = """
 import torch, deepspeed, transformers, h5py, numpy
-import commodity_bert.model, commodity_bert.data, commodity_bert.optim
+import commodity_bert.model.bert, commodity_bert.data.loader, commodity_bert.optim.build
 print(int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024)
 """
 

@@ -6,7 +6,7 @@ by side in one process, on real text.
   `run_mlm --pad_to_max_length` or NVIDIA's padded BERT compute.
 - padded_sparse_head: the same padded batches through HF's encoder, with the MLM head on the
   masked positions only (gathered before the head), as Google's and NVIDIA's BERT do.
-- project: the model train.py runs (commodity_bert.model.PretrainingModel): stratified batches
+- project: the model train.py runs (commodity_bert.model.bert.PretrainingModel): stratified batches
   trimmed to their longest sample, real tokens only through every layer but attention, the
   MLM head on masked tokens only.
 - project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
@@ -47,9 +47,9 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold a
 
 from bench_common import make_shards
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.data import TrainingBatches
-from commodity_bert.model import PretrainingModel, build_config, build_model, training_flops
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.loader import TrainingBatches
+from commodity_bert.model.bert import PretrainingModel, build_config, build_model, training_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -129,8 +129,8 @@ def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str], model
 
 LOADER_PEAK = """
 import inspect, sys, time
-from commodity_bert import shard_format as fmt
-from commodity_bert.data import TrainingBatches
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.loader import TrainingBatches
 def peak_mb():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 data, batches = sys.argv[1], int(sys.argv[2])

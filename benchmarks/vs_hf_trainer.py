@@ -97,9 +97,9 @@ def run_hf_trainer(args) -> None:
         TrainingArguments,
     )
 
-    from commodity_bert import shard_format as fmt
-    from commodity_bert.data import ValidationBatches, load_arrays
-    from commodity_bert.model import build_config
+    from commodity_bert.data import shard_format as fmt
+    from commodity_bert.data.loader import ValidationBatches, load_arrays
+    from commodity_bert.model.bert import build_config
 
     data = Path(args.data)
     manifest = fmt.load_manifest(data)

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from commodity_bert.shard_format import ShardFormatError
-from commodity_bert.vocab import VocabError
+from commodity_bert.data.shard_format import ShardFormatError
+from commodity_bert.data.vocab import VocabError
 from data_prep.errors import PrepError
 
 RESOURCES = Path(__file__).parent / "resources"

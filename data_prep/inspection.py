@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.vocab import Vocab, VocabError
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.vocab import Vocab, VocabError
 
 HISTOGRAM_BINS = 8
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.masking import mask_rows, mask_sequence
-from commodity_bert.vocab import Vocab
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.masking import mask_rows, mask_sequence
+from commodity_bert.data.vocab import Vocab
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs

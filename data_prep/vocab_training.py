@@ -6,7 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from commodity_bert.vocab import SPECIAL_TOKENS, Vocab
+from commodity_bert.data.vocab import SPECIAL_TOKENS, Vocab
 from data_prep.errors import PrepError
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
 

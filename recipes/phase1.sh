@@ -6,7 +6,7 @@
 #   HOSTFILE  DeepSpeed hostfile, e.g. hostfiles/two_nodes (default: this machine's GPUs, or GPUS of them)
 #   CONFIG    DeepSpeed config (default ds_configs/bert_${MODEL}_phase1_lamb_fp16.json)
 #   EXTRA     more train.py flags, e.g. "--time-budget 24h"
-# Launched with bert-launch (deepspeed's arguments; commodity_bert/launcher.py): SIGTERM, SIGUSR1 or
+# Launched with bert-launch (deepspeed's arguments; commodity_bert/launch/launcher.py): SIGTERM, SIGUSR1 or
 # Ctrl-C to this script (it execs bert-launch) saves a checkpoint and exits 0.
 # Re-running the same command resumes from the last checkpoint.
 set -euo pipefail

@@ -4,7 +4,7 @@
 #   PHASE1    the phase-1 RUN directory (default runs/${MODEL}_phase1)
 #   RUN       output directory (default runs/${MODEL}_phase2)
 #   MODEL, HOSTFILE, CONFIG, EXTRA as in phase1.sh (CONFIG default ds_configs/bert_${MODEL}_phase2_lamb_fp16.json)
-# Launched with bert-launch (deepspeed's arguments; commodity_bert/launcher.py): SIGTERM, SIGUSR1 or
+# Launched with bert-launch (deepspeed's arguments; commodity_bert/launch/launcher.py): SIGTERM, SIGUSR1 or
 # Ctrl-C to this script (it execs bert-launch) saves a checkpoint and exits 0.
 # Re-running the same command resumes phase 2 from its last checkpoint (not from phase 1).
 set -euo pipefail

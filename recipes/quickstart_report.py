@@ -27,7 +27,7 @@ PROBES = [
 
 def most_frequent_token_accuracy(data_dir: Path) -> tuple[float, str]:
     """Accuracy of answering the validation set's most frequent masked token everywhere."""
-    from commodity_bert import shard_format as fmt
+    from commodity_bert.data import shard_format as fmt
     manifest = fmt.load_manifest(data_dir)
     shards = [fmt.read_shard(p) for p in fmt.shard_paths(data_dir, manifest, "validation")]
     labels = np.concatenate([s["masked_lm_ids"][s["masked_lm_positions"] > 0] for s in shards])

@@ -25,4 +25,4 @@ $PIP install --no-build-isolation -e ".[$EXTRAS]"
 # DeepSpeed compiles its CPU allreduce op (and CPU Adam, for Adam configs) at the first launch, in
 # every rank at once, ~50 s each on 2 cores, silently; once here, in one process, the first
 # training starts at once (and a stale lock from a killed compile goes)
-"$VENV/bin/python" -m commodity_bert.deepspeed_shm
+"$VENV/bin/python" -m commodity_bert.comm.deepspeed_shm

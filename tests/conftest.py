@@ -1,6 +1,7 @@
 import hashlib
 import json
 import lzma
+import shutil
 import socket
 import subprocess
 import sys
@@ -171,3 +172,28 @@ def cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.down()
+
+
+# ---- configs changed for a test, and runs as if killed after a checkpoint
+
+def config_file(tmp_dir, name: str, **changes) -> str:
+    config = json.loads((REPO / "ds_configs" / name).read_text())
+    for dotted, value in changes.items():
+        node = config
+        *path, last = dotted.split(".")
+        for key in path:
+            node = node.setdefault(key, {})
+        node[last] = value
+    out = tmp_dir / f"{name.removesuffix('.json')}_{abs(hash(json.dumps(changes, sort_keys=True)))}.json"
+    out.write_text(json.dumps(config))
+    return str(out)
+
+
+def crashed_after(whole, step: int, pieces):
+    """`pieces` as if its run had died right after `whole`'s checkpoint of `step`: that
+    checkpoint and nothing later."""
+    tag = f"step_{step:08d}"
+    (pieces / "checkpoints").mkdir(parents=True)
+    shutil.copytree(whole / "checkpoints" / tag, pieces / "checkpoints" / tag)
+    (pieces / "checkpoints" / "latest").write_text(tag)
+    return pieces

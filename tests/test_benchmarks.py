@@ -6,7 +6,7 @@ import sys
 import numpy as np
 from conftest import REPO, run_cli
 
-from commodity_bert import shard_format as fmt
+from commodity_bert.data import shard_format as fmt
 
 
 def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, sotu_small):
@@ -43,7 +43,7 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
     import torch
     from throughput import PaddedSparseHead, padded_batch, padded_sparse_batch, project_batches
 
-    from commodity_bert.model import build_config, build_model
+    from commodity_bert.model.bert import build_config, build_model
     manifest = fmt.load_manifest(train_data)
     batch = project_batches(train_data, 8, 1)[0]
     torch.manual_seed(0)

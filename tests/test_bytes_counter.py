@@ -10,7 +10,7 @@ from conftest import free_port
 from test_comm import _join_gloo
 from torch.distributed import distributed_c10d as c10d
 
-from commodity_bert.bytes_counter import BytesCounter
+from commodity_bert.comm.bytes_counter import BytesCounter
 
 WORLD = 3
 NUMEL = 600            # float32: 2400 bytes, a multiple of 2 and 3 (equal chunks)
@@ -227,7 +227,7 @@ def test_every_collective_counts_what_its_rank_sends():
 def test_broadcast_volume_is_gloos_binomial_tree():
     """Beyond 3 ranks a tree and one-to-all differ: on 4 namespace hosts gloo's source sent 2 copies
     of a broadcast tensor and the rank after it 1 (eth0 counters); in all, N−1 copies."""
-    from commodity_bert.bytes_counter import _broadcast_sends
+    from commodity_bert.comm.bytes_counter import _broadcast_sends
     assert [_broadcast_sends(4, rank, 0) for rank in range(4)] == [2, 1, 0, 0]
     from_3 = [3, 2, 1, 1, 0, 0, 0, 0]                   # counted from the source, rank 3
     assert [_broadcast_sends(8, rank, 3) for rank in range(8)] == from_3[-3:] + from_3[:-3]

@@ -7,8 +7,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port
 
-from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.onebit_allreduce import CompressedAllreduce, pack_signs, unpack_signs
+from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, pack_signs, unpack_signs
 
 
 def test_pack_signs_round_trip():
@@ -81,7 +81,7 @@ def test_error_feedback_makes_the_running_average_exact(world, scale_block):
 
 
 def _bucketwise_worker(rank, world, port, results):
-    from commodity_bert.bucket_clip import BucketwiseClipAllreduce
+    from commodity_bert.comm.bucketwise import BucketwiseClipAllreduce
     _join_gloo(rank, world, port)
     torch.manual_seed(0)  # same model everywhere
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
@@ -133,7 +133,7 @@ def test_bucketwise_clipping_before_allreduce(world):
 
 
 def _freeze_worker(rank, world, port, freeze_step, results):
-    from commodity_bert.onebit_lamb import OneBitLamb
+    from commodity_bert.optim.onebit_lamb import OneBitLamb
     _join_gloo(rank, world, port)
     torch.manual_seed(0)  # the same weights and gradients on every rank: the average is the gradient
     params = [torch.nn.Parameter(torch.randn(256, 64) * 1e-4), torch.nn.Parameter(torch.randn(4096) * 1e-4)]
@@ -171,7 +171,7 @@ def test_frozen_coefficient_is_the_mean_trust_ratio_of_warmup(freeze_step):
 
 
 def _auto_freeze_worker(rank, world, port, results):
-    from commodity_bert.onebit_lamb import OneBitLamb
+    from commodity_bert.optim.onebit_lamb import OneBitLamb
     _join_gloo(rank, world, port)
 
     def gradient(step, shape):
@@ -245,7 +245,7 @@ def test_auto_freeze_waits_for_the_variance_to_settle():
     ({"freeze_step": "auto", "freeze_max_step": 100, "freeze_window": 0}, "freeze_window"),
 ])
 def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
-    from commodity_bert.launch_checks import LaunchError, check_deepspeed_config
+    from commodity_bert.train.launch_checks import LaunchError, check_deepspeed_config
     config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "OneBitLamb", "params": params}}
     with pytest.raises(LaunchError, match=problem):
         check_deepspeed_config(config, 2)
@@ -255,7 +255,7 @@ def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
 
 def _decision_worker(rank, world, port, results):
     _join_gloo(rank, world, port)
-    from commodity_bert.bookkeeping import Bookkeeping
+    from commodity_bert.train.bookkeeping import Bookkeeping
     with BytesCounter() as wire:
         book = Bookkeeping(device=torch.device("cpu"), world=world, total_batch=8, max_steps=100, log_every=1000,
                            eval_every=0, save_every=4, save_every_minutes=0, time_budget=None, wire=wire)
@@ -284,7 +284,7 @@ def test_a_killed_compiles_lock_is_removed_and_a_live_one_kept(tmp_path, monkeyp
     import subprocess
     import sys
 
-    from commodity_bert.deepspeed_shm import clear_stale_build_locks
+    from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     locks = [tmp_path / op / "lock" for op in ("deepspeed_shm_comm", "fused_adam")]

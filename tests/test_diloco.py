@@ -9,8 +9,9 @@ import torch.distributed as dist
 from conftest import spawn_ranks
 from test_precision import TinyEmbeddingModel, _fp16_wrapper, _join
 
-from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.diloco import DEFAULTS, INT8_BLOCK, DiLoCo, MasterParams
+from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.comm.diloco import DEFAULTS, INT8_BLOCK, DiLoCo
+from commodity_bert.optim.precision import MasterParams
 
 INNER, LR, MOMENTUM = 3, 0.7, 0.9
 
@@ -78,7 +79,7 @@ def _shared_model_and_rank_state(rank, results):
     saved = outer.masters.rank_state()
     torch.save(saved, f"/dev/shm/diloco_test_{rank}.pt")  # through a file, as a checkpoint goes
     _inner_steps(model, optimizer, rank + 7, 1)
-    outer.masters.load_rank_state(torch.load(f"/dev/shm/diloco_test_{rank}.pt", weights_only=False))
+    outer.masters.load_rank_state(torch.load(f"/dev/shm/diloco_test_{rank}.pt", weights_only=True))
     restored = _flat(model.parameters())
     step_state = optimizer.state[next(iter(model.parameters()))]["step"]
     results["shared"] = (torch.equal(inside, theta), torch.equal(_flat(model.parameters()), restored),
@@ -178,10 +179,10 @@ def _config(**project):
     ({"bucketwise_cliping": {"enabled": True}}, {},
      'unknown key "commodity_bert.bucketwise_cliping" in the DeepSpeed config; the known ones are '
      'bucketwise_clipping, diloco'),
-    ({"diloco": {"inner_step": 50}}, {}, 'unknown key "commodity_bert.diloco.inner_step"'),
+    ({"diloco": {"inner_step": 50}}, {}, 'unknown key "commodity_bert.comm.diloco.inner_step"'),
     ({"bucketwise_clipping": {"enabled": True, "max_nrom": 1.0}}, {},
      'unknown key "commodity_bert.bucketwise_clipping.max_nrom"'),
-    ({"diloco": True}, {}, '"commodity_bert.diloco" must be an object'),
+    ({"diloco": True}, {}, '"commodity_bert.comm.diloco" must be an object'),
     ({"diloco": {"inner_steps": 0}}, {}, "diloco inner_steps 0: give a positive number of steps"),
     ({"diloco": {"compression": "fp8"}}, {}, "diloco compression 'fp8': give one of none, bf16, int8"),
     ({"diloco": {"outer_momentum": 1.0}}, {}, "diloco outer_momentum 1.0: give a number in [0, 1)"),
@@ -193,14 +194,14 @@ def _config(**project):
      "DiLoCo cannot run under ZeRO stage 1"),
 ])
 def test_bad_project_blocks_are_refused(project, changes, phrase):
-    from commodity_bert.launch_checks import LaunchError, check_deepspeed_config
+    from commodity_bert.train.launch_checks import LaunchError, check_deepspeed_config
     with pytest.raises(LaunchError) as refused:
         check_deepspeed_config({**_config(**project), **changes}, 2)
     assert phrase in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_good_project_blocks_pass():
-    from commodity_bert.launch_checks import check_deepspeed_config
+    from commodity_bert.train.launch_checks import check_deepspeed_config
     check_deepspeed_config(_config(diloco={"inner_steps": 10, "compression": "int8"}), 2)
     check_deepspeed_config(_config(diloco={"enabled": False}, bucketwise_clipping={"enabled": True}), 2)
     adamw = {**_config(diloco={}), "optimizer": {"type": "AdamW", "params": {}}, "bf16": {"enabled": True}}

@@ -346,7 +346,7 @@ def test_a_bf16_runs_export_is_fine_tuned_in_fp32(tmp_path, run30):
     import torch
     from transformers import AutoModelForMaskedLM, BertForMaskedLM
 
-    from commodity_bert.export import export_hf_model
+    from commodity_bert.model.export import export_hf_model
     from commodity_bert.finetune import models
     trained = BertForMaskedLM.from_pretrained(str(run30 / "hf_model"), dtype=torch.bfloat16)  # as DeepSpeed's bf16
     assert trained.config.dtype == torch.bfloat16 and trained.dtype == torch.bfloat16

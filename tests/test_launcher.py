@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, free_port
 
 sys.path.insert(0, str(REPO))
-from commodity_bert.launcher import parse_deepspeed_args, rank_pattern, remote_hosts
+from commodity_bert.launch.launcher import parse_deepspeed_args, rank_pattern, remote_hosts
 
 BERT_LAUNCH = str(Path(sys.executable).parent / "bert-launch")
 COMMON = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb.json", "--model", "tiny", "--log-every", 5,

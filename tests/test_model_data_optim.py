@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.data import (
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.loader import (
     ID_STRATUM,
     BatchMaker,
     TrainingBatches,
@@ -20,9 +20,10 @@ from commodity_bert.data import (
     round_schedule,
     spread_strata,
 )
-from commodity_bert.model import PretrainingModel, build_config, build_model
-from commodity_bert.optim import Lamb, build_optimizer
-from commodity_bert.vocab import Vocab
+from commodity_bert.model.bert import PretrainingModel, build_config, build_model
+from commodity_bert.optim.build import build_optimizer
+from commodity_bert.optim.lamb import Lamb
+from commodity_bert.data.vocab import Vocab
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,7 @@ def test_optimizer_choice_follows_the_config():
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.json")),
                          ids=lambda p: p.name)
 def test_shipped_configs_pass_the_launch_checks(path):
-    from commodity_bert.launch_checks import check_deepspeed_config, load_deepspeed_config
+    from commodity_bert.train.launch_checks import check_deepspeed_config, load_deepspeed_config
     config = load_deepspeed_config(str(path))
     for world in (1, 2, 8, 16):
         total, micro, accumulation = check_deepspeed_config(config, world)
@@ -311,8 +312,8 @@ def _tiled_dataset(source: Path, out: Path, num_shards: int, samples_per_shard: 
 
 EPOCH_PEAK_RSS = """
 import sys
-from commodity_bert import shard_format as fmt
-from commodity_bert.data import TrainingBatches
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.loader import TrainingBatches
 def peak_mb():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 data, in_memory = sys.argv[1], int(sys.argv[2])

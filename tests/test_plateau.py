@@ -6,7 +6,7 @@ import json
 import numpy as np
 from conftest import CPU_CONFIG, rows, train
 
-from commodity_bert import shard_format as fmt
+from commodity_bert.data import shard_format as fmt
 
 
 def unigram_by_hand(data_dir):

@@ -2,6 +2,7 @@
 (DeepSpeed's CPU accelerator refuses fp16 in the engine, so these pieces are tested here and
 end to end on a GPU): the loss scale read, overflow steps, unscaling in bucket-wise clipping,
 1-bit LAMB's row mask and DeepSpeed's priming step. On 2 real gloo ranks."""
+import json
 import math
 import os
 from types import SimpleNamespace
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import spawn_ranks
+from conftest import REPO, spawn_ranks
 from torch import nn
 
 FREEZE = 3
@@ -45,8 +46,8 @@ def _fp16_wrapper(optimizer, dtype=torch.float16, clip_grad=0.0):
 def _loss_scale_and_overflow(results):
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from commodity_bert.optim import Lamb
-    from commodity_bert.precision import current_loss_scale
+    from commodity_bert.optim.lamb import Lamb
+    from commodity_bert.optim.precision import current_loss_scale
     model = nn.Linear(4, 4).half()
     optimizer = _fp16_wrapper(Lamb(model.parameters(), lr=0.1))
     engines_view = DeepSpeedEngine._get_optimizer_loss_scale(SimpleNamespace(optimizer=optimizer))
@@ -62,9 +63,9 @@ def _loss_scale_and_overflow(results):
 
 def _bucketwise_under_loss_scale(rank, world, results):
     """Clipping each bucket on the loss-scaled fp16 gradients must clip the unscaled ones."""
-    from commodity_bert.bucket_clip import BucketwiseClipAllreduce
-    from commodity_bert.optim import Lamb
-    from commodity_bert.precision import current_loss_scale
+    from commodity_bert.comm.bucketwise import BucketwiseClipAllreduce
+    from commodity_bert.optim.lamb import Lamb
+    from commodity_bert.optim.precision import current_loss_scale
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)).half()
     optimizer = _fp16_wrapper(Lamb(model.parameters(), lr=0.1))
@@ -98,7 +99,7 @@ def _bucketwise_under_loss_scale(rank, world, results):
 
 def _onebit_row_mask_under_bf16(rank, world, results):
     """A row of an embedding first seen after the freeze must not move (its frozen variance is ~0)."""
-    from commodity_bert.optim import build_optimizer
+    from commodity_bert.optim.build import build_optimizer
     torch.manual_seed(0)
     model = TinyEmbeddingModel().to(torch.bfloat16)
     config = {"optimizer": {"type": "OneBitLamb", "params": {"lr": 0.01, "freeze_step": FREEZE,
@@ -168,3 +169,21 @@ def test_onebit_lamb_row_mask_applies_under_bf16_and_priming_does_not_count(resu
         assert frozen and steps == FREEZE + 3
         assert unseen_row_moved == 0.0
         assert seen_row_moved > 0.0
+
+
+def test_a_bf16_config_on_a_cpu_without_native_bf16_is_named_with_its_fp32_twin():
+    from commodity_bert.optim.precision import cpu_bf16_warning
+    epyc = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"          # no AVX-512 BF16, no AMX
+    sapphire = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n"
+    zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    shipped = REPO / "ds_configs" / "cpu_quickstart_lamb_bf16.json"
+    config = json.loads(shipped.read_text())
+    warning = cpu_bf16_warning(str(shipped), config, epyc)
+    assert "no native bf16" in warning and "cpu_quickstart_lamb_fp32.json" in warning and "\n" not in warning
+    assert cpu_bf16_warning(str(shipped), config, sapphire) is None
+    assert cpu_bf16_warning(str(shipped), config, zen4) is None
+    fp32 = REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json"
+    assert cpu_bf16_warning(str(fp32), json.loads(fp32.read_text()), epyc) is None
+    # a config of the user's own with no fp32 twin: the setting to change
+    own = cpu_bf16_warning("/tmp/mine.json", {"bf16": {"enabled": True}}, epyc)
+    assert own.endswith('set "bf16": {"enabled": false}')

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import first_documents, load_manifest, run_cli, shard_checksums, shared_corpus
 
-from commodity_bert import shard_format as fmt
+from commodity_bert.data import shard_format as fmt
 
 SIX_KEYS = set(fmt.NVIDIA_KEYS)
 

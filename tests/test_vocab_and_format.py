@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED_CORPORA, run_cli
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.masking import mask_sequence
-from commodity_bert.vocab import Vocab
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.masking import mask_sequence
+from commodity_bert.data.vocab import Vocab
 from data_prep.instances import InstanceSpec, TokenPool, nsp_instances, packed_instances, token_rows
 from data_prep.sentences import document_sentences
 
@@ -192,7 +192,7 @@ def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase, mon
 def test_mask_rows_follows_mask_sequences_rule_for_every_row():
     """The vectorized static masking of bert-data-prep: the same budget, no special token, sorted
     positions padded with 0, the originals where they were, and the 80/10/10 split overall."""
-    from commodity_bert.masking import mask_rows
+    from commodity_bert.data.masking import mask_rows
 
     rng = np.random.default_rng(2)
     lengths = rng.integers(3, 129, 4000)

@@ -9,8 +9,8 @@ from conftest import spawn_ranks
 from test_comm import _join_gloo
 from torch import nn
 
-from commodity_bert.bytes_counter import BytesCounter
-from commodity_bert.zero_one_adam import ZeroOneAdam, step_kinds, variance_updates
+from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.optim.zero_one_adam import ZeroOneAdam, step_kinds, variance_updates
 
 FREEZE, KAPPA, SCALER, CLIPPER, STEPS = 12, 4, 4, 4, 28
 LR, DECAY = 0.01, 0.1
@@ -136,7 +136,7 @@ def _config(params, **extra):
      "bucket-wise clipping and ZeroOneAdam both replace the gradient allreduce"),
 ])
 def test_bad_zero_one_adam_configs_are_refused(config, phrase):
-    from commodity_bert.launch_checks import LaunchError, check_deepspeed_config
+    from commodity_bert.train.launch_checks import LaunchError, check_deepspeed_config
     with pytest.raises(LaunchError) as refused:
         check_deepspeed_config(config, 2)
     assert phrase in str(refused.value)

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs
-from commodity_bert.launch_checks import LaunchError, resolve_batch_sizes
+from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 
 # settings that must be the same for every run in one ABL directory, or the comparison is not one
 FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from commodity_bert.launch_checks import LaunchError, load_deepspeed_config
+from commodity_bert.train.launch_checks import LaunchError, load_deepspeed_config
 
 
 class GridError(Exception):

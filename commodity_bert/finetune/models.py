@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from commodity_bert import checkpoint as ckpt
-from commodity_bert import shard_format as fmt
+from commodity_bert.train import checkpoint as ckpt
+from commodity_bert.data import shard_format as fmt
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
@@ -108,7 +108,7 @@ def from_checkpoint(step_dir: Path, flag: str = "--model") -> Pretrained:
     run_config = json.loads(config_file.read_text())
     try:
         # mmap: under ZeRO 0 the file also holds the optimizer's state, read only where touched
-        saved = torch.load(step_dir / ckpt.MODEL_FILE, map_location="cpu", weights_only=False, mmap=True)
+        saved = torch.load(step_dir / ckpt.MODEL_FILE, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - a checkpoint still being written or cut short
         raise ModelError(f"{flag} {step_dir}: cannot read {ckpt.MODEL_FILE} ({str(exc).splitlines()[0]})") from exc
     state = {k.removeprefix("hf_model."): v.float() for k, v in saved["module"].items()}

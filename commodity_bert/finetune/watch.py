@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from commodity_bert import checkpoint as ckpt
+from commodity_bert.train import checkpoint as ckpt
 from commodity_bert.finetune import models
 from commodity_bert.finetune.cli import evaluate
 

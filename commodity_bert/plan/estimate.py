@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from commodity_bert.diloco import DEFAULTS as DILOCO_DEFAULTS
-from commodity_bert.diloco import diloco_settings
+from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
+from commodity_bert.comm.diloco import diloco_settings
 from commodity_bert.plan.step_model import (
     GBIT,
     OPTIMIZERS,
@@ -19,7 +19,7 @@ from commodity_bert.plan.step_model import (
     Workload,
     parse_rate,
 )
-from commodity_bert.zero_one_adam import ZeroOneAdam
+from commodity_bert.optim.zero_one_adam import ZeroOneAdam
 
 REPO = Path(__file__).resolve().parents[2]
 DS_CONFIGS = REPO / "ds_configs"
@@ -41,7 +41,7 @@ class Compute:
 
 
 def parameter_count(model: str, vocab_size: int, nsp: bool = True) -> int:
-    from commodity_bert.model import build_config, build_model
+    from commodity_bert.model.bert import build_config, build_model
     with torch.device("meta"):
         module = build_model(build_config(model, vocab_size), nsp=nsp)
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -49,7 +49,7 @@ def parameter_count(model: str, vocab_size: int, nsp: bool = True) -> int:
 
 def forward_backward_flops(model: str, vocab_size: int, seq_len: int, micro_batch: int) -> float:
     """Full-length sequences, 15% of positions predicted."""
-    from commodity_bert.model import build_config, training_flops
+    from commodity_bert.model.bert import build_config, training_flops
     tokens = micro_batch * seq_len
     return training_flops(build_config(model, vocab_size), tokens, micro_batch * seq_len * seq_len,
                           micro_batch * round(0.15 * seq_len))
@@ -153,7 +153,7 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
         settings = diloco_settings(config)
         if settings is None:
             settings = {**DILOCO_DEFAULTS, "enabled": True}
-            notes.append(f"{name}: no commodity_bert.diloco block in the config; DiLoCo's defaults assumed "
+            notes.append(f"{name}: no commodity_bert.comm.diloco block in the config; DiLoCo's defaults assumed "
                          f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
         extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"])
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),

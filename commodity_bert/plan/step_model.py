@@ -47,7 +47,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from commodity_bert.diloco import INT8_BLOCK
+from commodity_bert.comm.diloco import INT8_BLOCK
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs
@@ -234,7 +234,7 @@ def step_sequence(work: Workload, optimizer: str) -> list[str]:
     if optimizer == "onebit_lamb":
         return ["full" if t <= work.freeze_step else "compressed" for t in range(1, work.steps + 1)]
     if optimizer == "zero_one_adam":
-        from commodity_bert.zero_one_adam import step_kinds
+        from commodity_bert.optim.zero_one_adam import step_kinds
         return list(step_kinds(work.steps, *work.zero_one_schedule))
     if optimizer == "diloco":  # an outer step every H steps, and at the last (train.py)
         return ["outer" if t % work.inner_steps == 0 or t == work.steps else "inner" for t in range(1, work.steps + 1)]

@@ -8,7 +8,7 @@ hurt users, and are handled here:
 - the shm op's buffers are never freed (`release_deepspeed_shm_buffer`);
 - the compile is guarded by torch's lock file, which a killed compile (Ctrl-C in the first
   minute of a first launch, a preempted job) leaves behind: every later launch then waits on
-  it for ever, silently (`clear_stale_build_locks`). `python -m commodity_bert.deepspeed_shm`,
+  it for ever, silently (`clear_stale_build_locks`). `python -m commodity_bert.comm.deepspeed_shm`,
   run by recipes/setup_env.sh, builds both once, in one process, before any launch.
 """
 from __future__ import annotations

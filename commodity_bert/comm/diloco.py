@@ -31,6 +31,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from commodity_bert.optim.precision import MasterParams
+
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
             "compression": "none", "outer_state_device": "auto"}
 COMPRESSIONS = ("none", "bf16", "int8")
@@ -66,51 +68,6 @@ def check_settings(settings: dict) -> str | None:
     if settings["outer_state_device"] not in STATE_DEVICES:
         return f"diloco outer_state_device {settings['outer_state_device']!r}: give one of {', '.join(STATE_DEVICES)}"
     return None
-
-
-class MasterParams:
-    """The fp32 tensors the inner optimizer updates, and how to copy them into the model.
-
-    Without mixed precision they are the model's parameters. Under fp16/bf16 DeepSpeed's wrapper
-    keeps fp32 copies: FP16_UnfusedOptimizer (client optimizers, LAMB) a list per group,
-    FP16_Optimizer (FusedAdam on a GPU) one flat tensor per group."""
-
-    def __init__(self, engine_optimizer):
-        self.optimizer = engine_optimizer
-        if hasattr(engine_optimizer, "fp32_groups_flat"):
-            self.tensors = list(engine_optimizer.fp32_groups_flat)
-            self.kind = "flat"
-        elif hasattr(engine_optimizer, "fp32_groups"):
-            self.tensors = [p for group in engine_optimizer.fp32_groups for p in group]
-            self.kind = "unfused"
-        else:
-            self.tensors = [p for group in engine_optimizer.param_groups for p in group["params"]]
-            self.kind = "plain"
-
-    def rank_state(self) -> dict:
-        """What is this rank's own in a round: its parameters and its inner optimizer's state (and,
-        under fp16, its loss scale: each rank skips its own overflows)."""
-        state = {"optimizer": self.optimizer.state_dict()}
-        if self.kind == "plain":  # the wrappers' state holds their fp32 copies; a plain optimizer's does not
-            state["params"] = [t.detach().clone() for t in self.tensors]
-        return state
-
-    def load_rank_state(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        for t, saved in zip(self.tensors, state.get("params", ())):
-            t.data.copy_(saved)
-        self.push_to_model()
-
-    def push_to_model(self) -> None:
-        if self.kind == "unfused":
-            for master, low in zip(self.tensors, (p for g in self.optimizer.fp16_groups for p in g)):
-                low.data.copy_(master.data)
-        elif self.kind == "flat":
-            for master, group in zip(self.tensors, self.optimizer.fp16_groups):
-                offset = 0
-                for low in group:
-                    low.data.copy_(master.data[offset: offset + low.numel()].view_as(low))
-                    offset += low.numel()
 
 
 def _state_device(choice: str, master_device: torch.device, numel: int) -> torch.device:

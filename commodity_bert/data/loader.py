@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from commodity_bert import shard_format as fmt
-from commodity_bert.masking import mask_sequence
-from commodity_bert.vocab import Vocab
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.masking import mask_sequence
+from commodity_bert.data.vocab import Vocab
 
 PAD_MULTIPLE = 8
 ARRAY_KEYS = ("input_ids", "segment_ids", "next_sentence_labels", "lengths",

@@ -25,6 +25,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from commodity_bert.optim.cpu_adam_resume import replay_bias_correction
+
+try:
+    from numpy._core.multiarray import _reconstruct  # numpy 2
+except ImportError:
+    from numpy.core.multiarray import _reconstruct  # numpy 1
+
 TAG = re.compile(r"^step_(\d{8})$")
 MODEL_FILE = "mp_rank_00_model_states.pt"
 
@@ -42,7 +49,12 @@ def rng_file(rank: int) -> str:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # numpy's state as a tensor and plain numbers, not its pickled array: the file then loads
+    # with torch.load(weights_only=True), which runs no code from the file
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "gauss": float(gauss)}}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()  # dropout on the GPU draws from these
     return state
@@ -50,10 +62,23 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        numpy_state = ("MT19937", numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                       numpy_state["has_gauss"], numpy_state["gauss"])
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_rank_file(path: Path) -> dict:
+    """A rank's RNG and own state, loaded without running code from the file (weights_only).
+    Files written before 2026-11-25 hold numpy's state as a pickled array: numpy's array
+    reconstruction is allowed for them, nothing else."""
+    numpy_arrays = [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(numpy_arrays):
+        return torch.load(path, weights_only=True)
 
 
 def _local_rank() -> int:
@@ -215,9 +240,10 @@ def load(engine, directory: Path, tag: str | None = None, weights_only: bool = F
         raise CheckpointError(f"no checkpoint in {directory}")
     rank_state = {}
     if not weights_only:
+        replay_bias_correction(engine.basic_optimizer)  # DeepSpeed's CPU Adam: β^t outside the checkpoint
         rng = Path(path).parent / rng_file(dist.get_rank())
         if rng.is_file():
-            state = torch.load(rng, weights_only=False)
+            state = load_rank_file(rng)
             _set_rng_state(state)
             rank_state = state.get("rank_state", {})
     return client_state or {}, rank_state

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commodity_bert.shard_format import sha256_file
+from commodity_bert.data.shard_format import sha256_file
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

@@ -13,7 +13,7 @@ Variance stage (t ≤ var_freeze_step). The variance is updated only on the step
 gradient the engine allreduced in full precision there; T_v's gaps start at 1 and double after
 every `var_update_scaler` updates (16 steps in a row, then 16 updates every second step, …). On
 the other steps the engine's allreduce is off and the gradient travels 1-bit compressed with
-error feedback (commodity_bert/onebit_allreduce.py). Every step: m ← β1·m + (1 − β1)·g,
+error feedback (commodity_bert/comm/onebit_allreduce.py). Every step: m ← β1·m + (1 − β1)·g,
 p ← p − lr·(m/(√v + ε) + wd·p).
 
 Local-step stage (t > var_freeze_step; v frozen, the error buffers restarted): each rank steps
@@ -35,8 +35,8 @@ from collections.abc import Callable
 
 import torch
 
-from commodity_bert.onebit_allreduce import CompressedAllreduce
-from commodity_bert.precision import is_priming_step
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
+from commodity_bert.optim.precision import is_priming_step
 
 
 def fresh_schedule() -> dict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from commodity_bert import diloco
-from commodity_bert.optim import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
+from commodity_bert.comm import diloco
+from commodity_bert.comm.mode import mode_class
+from commodity_bert.optim.build import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
 
 # the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
 PROJECT_SECTIONS = {
@@ -83,35 +84,14 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
-    if name == "onebitlamb" and stage >= 1:
-        raise LaunchError(f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
-                          f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
     if name == "onebitlamb":
         check_freeze_step(block.get("params", {}))
     if name == "zerooneadam":
-        check_zero_one_adam(block.get("params", {}), stage)
+        check_zero_one_adam(block.get("params", {}))
     check_project_block(config)
-    if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
-        if stage >= 1:
-            raise LaunchError(f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
-                              f"allreduce that ZeRO turns into a reduce-scatter; use stage 0")
-        if name in ("onebitlamb", "zerooneadam"):
-            raise LaunchError(f"bucket-wise clipping and {block['type']} both replace the gradient allreduce; "
-                              f"enable one of them")
-    local = diloco.diloco_settings(config)
-    if local is not None:
-        problem = diloco.check_settings(local)
-        if problem:
-            raise LaunchError(problem)
-        if name in ("onebitlamb", "zerooneadam"):
-            raise LaunchError(f"DiLoCo and {block['type']} cannot be combined: both decide when the ranks "
-                              f"communicate; use Lamb or AdamW inside DiLoCo")
-        if config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("enabled"):
-            raise LaunchError("DiLoCo and bucket-wise clipping cannot be combined: bucket-wise clipping allreduces "
-                              "gradients every step, DiLoCo's inner steps send none; disable one of them")
-        if stage >= 1:
-            raise LaunchError(f"DiLoCo cannot run under ZeRO stage {stage}: ZeRO splits the optimizer state across "
-                              f"ranks, so no rank can take an inner step alone; use stage 0")
+    problem = mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
+    if problem:
+        raise LaunchError(problem)
     if name == "lamb" and stage >= 1:
         raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
                           f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")
@@ -140,10 +120,7 @@ def check_project_block(config: dict) -> None:
                                   f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[section]))}')
 
 
-def check_zero_one_adam(params: dict, stage: int) -> None:
-    if stage >= 1:
-        raise LaunchError(f"ZeroOneAdam cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
-                          f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+def check_zero_one_adam(params: dict) -> None:
     for name in ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
         value = params.get(name, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

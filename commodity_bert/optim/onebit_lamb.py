@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commodity_bert.onebit_allreduce import CompressedAllreduce
-from commodity_bert.precision import is_priming_step
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
+from commodity_bert.optim.precision import is_priming_step
 
 
 class OneBitLamb(torch.optim.Optimizer):

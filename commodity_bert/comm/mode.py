@@ -1,0 +1,361 @@
+"""A communication mode is one object: how the ranks' gradients (or parameters) travel, behind
+the handful of hooks train.py's loop calls. The loop reads batch → forward → backward → step →
+log/eval/save and names no mode; each mode says, in one class, what it changes:
+
+    deepspeed_config(config)  the config DeepSpeed gets (its own allreduce and clipping off where
+                              the mode replaces them)
+    attach(engine, optimizer, model) / resume(state, rank_state, where) / ready()
+                              wiring into the engine, rank-local checkpoint state, objects built
+                              from the weights the run starts from
+    micro_batch(boundary)     around forward and backward (DiLoCo: the engine's allreduce off)
+    after_backward()          on the last micro-batch, before engine.step(): the gradient norm
+                              (measured without extra traffic where it can be), clipping
+    after_step(step, last)    after engine.step() (DiLoCo: the outer step at a round's end)
+    grad_norm()               the step's norm for the metrics, and whether it is this rank's own
+    shared_model()            the model every rank shares, for evaluation and export
+    state()                   (checkpoint state shared by the ranks, this rank's own state)
+    metric_fields()           the mode's fields in a logged row
+    refusal(config, stage)    what it cannot be combined with, as one line (launch checks)
+
+`select(config)` picks the mode from the DeepSpeed config once. A new mode is a subclass here
+(or beside its machinery) added to MODES, and a line in tests/test_comm_modes.py.
+
+Written here, not as DeepSpeed engine hooks, because DeepSpeed has none for "allreduce something
+else instead of the gradients" or "no allreduce for H steps": its 1-bit optimizers did it from
+inside the optimizer with `enable_backward_allreduce`, which is what these objects switch.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from commodity_bert.comm.bucketwise import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
+from commodity_bert.comm.diloco import DiLoCo, check_settings, diloco_settings
+from commodity_bert.comm.grad_norm import gradient_norm
+from commodity_bert.optim.build import optimizer_name
+from commodity_bert.optim.precision import MasterParams, current_loss_scale
+
+
+class ModeStateError(Exception):
+    """A checkpoint this mode cannot resume from; the message is the one line to print."""
+
+
+class CommMode:
+    """DeepSpeed's own gradient allreduce, after every step's backward (ZeRO 0, 1 or 2): the
+    default mode, and what every hook does where a mode changes nothing there."""
+
+    name = "allreduce"
+    ranks_step_alone = False  # each rank steps on its own gradients (its own norm, combined per row)
+
+    @staticmethod
+    def enabled(config: dict) -> bool:
+        return True
+
+    @classmethod
+    def refusal(cls, config: dict, stage: int) -> str | None:
+        return None
+
+    def __init__(self, config: dict):
+        self.zero_stage = config.get("zero_optimization", {}).get("stage", 0)
+        self.local_clip = 0.0
+        self.unlogged = contextlib.nullcontext
+        self._measure, self._norm = False, (None, False)
+
+    # ---- set-up
+    def deepspeed_config(self, config: dict) -> dict:
+        """The config DeepSpeed gets: the project's block is not DeepSpeed's."""
+        return {k: v for k, v in config.items() if k != PROJECT_BLOCK}
+
+    def attach(self, engine, optimizer, model) -> list[str]:
+        """Wire into the engine; returns lines for rank 0 to print."""
+        self.engine, self.optimizer, self.params = engine, optimizer, list(model.parameters())
+        self.masters = MasterParams(engine.optimizer)  # the fp32 tensors stepped, and the way into the model
+        return []
+
+    def resume(self, state: dict, rank_state: dict, where) -> None:
+        """After DeepSpeed's checkpoint is loaded: the mode's part of it."""
+
+    def ready(self) -> list[str]:
+        """The weights the run starts from are in place (fresh, resumed or --init-from)."""
+        return []
+
+    def begin(self, unlogged) -> None:
+        """The loop starts; collectives inside `unlogged()` are the loop's own, not training's."""
+        self.unlogged = unlogged
+
+    # ---- the loop
+    def start_step(self, logged: bool) -> None:
+        # free to measure every step where DeepSpeed averaged the gradients; else at logged steps
+        self._measure = self.zero_stage == 0 and (logged or self.grads_averaged())
+        self._norm = (None, False)
+
+    def micro_batch(self, boundary: bool):
+        return contextlib.nullcontext()
+
+    def after_backward(self) -> None:
+        if self._measure:
+            self._norm = self._gradient_norm()
+        if self.local_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.local_clip)
+
+    def after_step(self, step: int, last: bool) -> None:
+        pass
+
+    def grad_norm(self) -> tuple:
+        """(the norm or None, whether it is this rank's own, to be combined in the row)."""
+        norm, own = self._norm
+        if norm is None and (self.zero_stage or self._measure):  # ZeRO, or DeepSpeed's own flat buffers
+            norm = self.engine.get_global_grad_norm()
+        return norm, own
+
+    def grads_averaged(self) -> bool:
+        """Whether the gradients are averaged over the ranks when backward returns."""
+        return self.engine.enable_backward_allreduce
+
+    def _gradient_norm(self) -> tuple:
+        """Before clipping and the optimizer step. Where the ranks step alone each takes its own
+        gradient's norm, which the logged row combines (bookkeeping.py): no gradient-sized
+        allreduce just for the metrics."""
+        averaged = self.grads_averaged()
+        own = self.ranks_step_alone and not averaged
+        with self.unlogged():
+            return gradient_norm(self.params, current_loss_scale(self.engine.optimizer), averaged or own), own
+
+    # ---- evaluation, export, checkpoints, metrics
+    def shared_model(self):
+        return contextlib.nullcontext()
+
+    def state(self) -> tuple[dict, dict | None]:
+        """(client state every rank shares, this rank's own state or None) for the checkpoint."""
+        return {}, None
+
+    def metric_fields(self) -> dict:
+        return {}
+
+
+class BucketwiseClipping(CommMode):
+    """Bucket-wise clipping before the allreduce (bucketwise.py): buckets clipped and allreduced
+    as backward produces them; DeepSpeed neither allreduces nor clips."""
+
+    name = "bucketwise_clipping"
+
+    @staticmethod
+    def enabled(config: dict) -> bool:
+        return bucketwise_settings(config) is not None
+
+    @classmethod
+    def refusal(cls, config: dict, stage: int) -> str | None:
+        if stage >= 1:
+            return (f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
+                    f"allreduce that ZeRO turns into a reduce-scatter; use stage 0")
+        if optimizer_name(config) in ("onebitlamb", "zerooneadam"):
+            return (f"bucket-wise clipping and {config['optimizer']['type']} both replace the gradient allreduce; "
+                    f"enable one of them")
+        return None
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.settings = bucketwise_settings(config)
+
+    def deepspeed_config(self, config: dict) -> dict:
+        return {**super().deepspeed_config(config), "gradient_clipping": 0.0}
+
+    def attach(self, engine, optimizer, model) -> list[str]:
+        lines = super().attach(engine, optimizer, model)
+        engine.enable_backward_allreduce = False
+        self.clipper = BucketwiseClipAllreduce(self.params, self.settings.get("bucket_mb", 25),
+                                               self.settings.get("max_norm", 1.0),
+                                               lambda: current_loss_scale(engine.optimizer))
+        return lines
+
+    @contextlib.contextmanager
+    def micro_batch(self, boundary: bool):
+        if boundary:  # its gradients are the ones communicated, bucket by bucket during backward
+            self.clipper.start_boundary_backward()
+        yield
+
+    def after_backward(self) -> None:
+        super().after_backward()
+        self.clipper.finish()
+
+    def grads_averaged(self) -> bool:
+        return False  # backward returns this rank's own gradients; the clipped buckets are in flight
+
+
+class OneBitLambMode(CommMode):
+    """1-bit LAMB (optim/onebit_lamb.py): DeepSpeed's allreduce until the freeze step, then the
+    optimizer's compressed allreduce of momenta instead."""
+
+    name = "onebit_lamb"
+
+    @staticmethod
+    def enabled(config: dict) -> bool:
+        return optimizer_name(config) == "onebitlamb"
+
+    @classmethod
+    def refusal(cls, config: dict, stage: int) -> str | None:
+        if stage >= 1:
+            return (f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce with "
+                    f"its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+        return None
+
+    def attach(self, engine, optimizer, model) -> list[str]:
+        lines = super().attach(engine, optimizer, model)
+        # from the freeze step on, momenta travel compressed instead of gradients
+        optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
+        return lines
+
+    def resume(self, state: dict, rank_state: dict, where) -> None:
+        self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+
+    def state(self) -> tuple[dict, dict | None]:
+        return {}, {"optimizer": self.optimizer.rank_state_dict()}  # the error buffers are the rank's
+
+    def metric_fields(self) -> dict:
+        fields = {"onebit_frozen": self.optimizer.frozen}
+        if not self.optimizer.frozen:
+            fields["variance_change"] = self.optimizer.variance_change
+        return fields
+
+
+class RanksStepAlone(CommMode):
+    """Modes in which a rank steps on its own gradients between exchanges (0/1 Adam, DiLoCo)."""
+
+    ranks_step_alone = True
+
+    def deepspeed_config(self, config: dict) -> dict:
+        config = super().deepspeed_config(config)
+        wrapped = config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled")
+        if not wrapped:
+            # DeepSpeed clips fp32 gradients by the norm averaged over the ranks: an allreduce at
+            # every step, which local steps exist to avoid. Each rank clips its own gradient
+            # instead, as DeepSpeed's fp16/bf16 wrapper does.
+            self.local_clip = config.get("gradient_clipping", 0.0)
+            config = {**config, "gradient_clipping": 0.0}
+        return config
+
+
+class ZeroOneAdamMode(RanksStepAlone):
+    """0/1 Adam (optim/zero_one_adam.py): the optimizer decides step by step whether DeepSpeed
+    allreduces the gradients, sends 1-bit momenta, or sends nothing (a local step)."""
+
+    name = "zero_one_adam"
+
+    @staticmethod
+    def enabled(config: dict) -> bool:
+        return optimizer_name(config) == "zerooneadam"
+
+    @classmethod
+    def refusal(cls, config: dict, stage: int) -> str | None:
+        if stage >= 1:
+            return (f"ZeroOneAdam cannot run under ZeRO stage {stage}: it replaces the gradient allreduce with "
+                    f"its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+        return None
+
+    def attach(self, engine, optimizer, model) -> list[str]:
+        lines = super().attach(engine, optimizer, model)
+        warning = optimizer.short_variance_warning()
+        # step by step, the optimizer says whether the engine allreduces the next step's gradients
+        optimizer.engine_allreduce = lambda on: setattr(engine, "enable_backward_allreduce", on)
+        optimizer.engine_allreduce(optimizer.next_step_allreduced())
+        return [warning] if warning else lines
+
+    def resume(self, state: dict, rank_state: dict, where) -> None:
+        self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+        if "local" in rank_state:  # between two syncs: this rank's own parameters and moments
+            self.masters.load_rank_state(rank_state["local"])
+
+    def shared_model(self):
+        return self.optimizer.shared_params(self.masters.push_to_model)
+
+    def state(self) -> tuple[dict, dict | None]:
+        rank_state = {"optimizer": self.optimizer.rank_state_dict()}
+        if not self.optimizer.synced_last_step:
+            rank_state["local"] = self.masters.rank_state()
+        return {}, rank_state
+
+    def metric_fields(self) -> dict:
+        return {"variance_frozen": self.optimizer.frozen,
+                "local_step_interval": self.optimizer.schedule["local_interval"] if self.optimizer.frozen else 0}
+
+
+class DiLoCoMode(RanksStepAlone):
+    """DiLoCo (diloco.py): H inner steps with no communication, then one outer step on the
+    averaged pseudo-gradient."""
+
+    name = "diloco"
+
+    @staticmethod
+    def enabled(config: dict) -> bool:
+        return diloco_settings(config) is not None
+
+    @classmethod
+    def refusal(cls, config: dict, stage: int) -> str | None:
+        problem = check_settings(diloco_settings(config))
+        if problem:
+            return problem
+        if optimizer_name(config) in ("onebitlamb", "zerooneadam"):
+            return (f"DiLoCo and {config['optimizer']['type']} cannot be combined: both decide when the ranks "
+                    f"communicate; use Lamb or AdamW inside DiLoCo")
+        if BucketwiseClipping.enabled(config):
+            return ("DiLoCo and bucket-wise clipping cannot be combined: bucket-wise clipping allreduces "
+                    "gradients every step, DiLoCo's inner steps send none; disable one of them")
+        if stage >= 1:
+            return (f"DiLoCo cannot run under ZeRO stage {stage}: ZeRO splits the optimizer state across "
+                    f"ranks, so no rank can take an inner step alone; use stage 0")
+        return None
+
+    def __init__(self, config: dict):
+        super().__init__(config)
+        self.settings = diloco_settings(config)
+        self.diloco: DiLoCo | None = None
+
+    def resume(self, state: dict, rank_state: dict, where) -> None:
+        if "diloco" not in state:
+            raise ModeStateError(f"{where} was not trained with DiLoCo; resume it with its own config, or start "
+                                 f"from its weights with --init-from {where} --resume none")
+        self.masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
+        self.diloco = DiLoCo(self.masters, self.settings)
+        self.diloco.load_state_dict(state["diloco"])
+
+    def ready(self) -> list[str]:
+        if self.diloco is None:  # θ is the weights the run starts from
+            self.diloco = DiLoCo(self.masters, self.settings)
+        return [f"DiLoCo: {self.diloco.describe()}"]
+
+    def micro_batch(self, boundary: bool):
+        # inner steps: no gradient allreduce (nor the fp16 wrapper's overflow flag's)
+        return self.engine.no_sync()
+
+    def after_step(self, step: int, last: bool) -> None:
+        # the last step ends a round too: what the run evaluates and exports is one model
+        if self.diloco.is_round_end(step) or last:
+            self.diloco.outer_step()
+
+    def grads_averaged(self) -> bool:
+        return False
+
+    def shared_model(self):
+        return self.diloco.global_model()
+
+    def state(self) -> tuple[dict, dict | None]:
+        # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
+        return {"diloco": self.diloco.state_dict()}, {"diloco": self.masters.rank_state()}
+
+    def metric_fields(self) -> dict:
+        return {"outer_rounds": self.diloco.rounds}
+
+
+# the first enabled one is the run's mode; each refuses the combinations it cannot run with
+MODES = (DiLoCoMode, BucketwiseClipping, OneBitLambMode, ZeroOneAdamMode, CommMode)
+
+
+def mode_class(config: dict) -> type[CommMode]:
+    return next(mode for mode in MODES if mode.enabled(config))
+
+
+def select(config: dict) -> CommMode:
+    """The run's communication mode, chosen once from the DeepSpeed config (checked beforehand
+    by launch_checks, which asks the mode for its refusals)."""
+    return mode_class(config)(config)

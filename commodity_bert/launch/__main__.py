@@ -1,0 +1,5 @@
+import sys
+
+from commodity_bert.launch.launcher import main
+
+sys.exit(main())
