@@ -162,6 +162,30 @@ def fail(message: str, everyone: bool = False, status: int = 2):
     sys.exit(status)
 
 
+def start_watcher(flags: str, run_dir: Path, rank: int) -> None:
+    """--watch-downstream: bert-finetune --watch beside the training, on rank 0's host. Bad flags
+    stop every rank with one line; a watcher that cannot start is a warning."""
+    problem = [None]
+    if rank == 0:
+        try:
+            watcher_command = companion_command(run_dir, flags, os.getpid())
+        except (UsageError, TaskError, ValueError) as exc:  # ValueError: shlex, an unclosed quote
+            problem[0] = f"--watch-downstream: {exc}"
+        except SystemExit:  # argparse's -h
+            problem[0] = "--watch-downstream: give bert-finetune's flags (see bert-finetune --help)"
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        fail(problem[0])
+    if rank == 0:
+        try:
+            start_beside_training(watcher_command, run_dir)
+            print(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}",
+                  flush=True)
+        except OSError as exc:  # the probes are optional; the training is not
+            print(f"warning: --watch-downstream: could not start the watcher ({exc}); training goes on",
+                  flush=True)
+
+
 def main() -> None:
     args = parse_args()
     run_dir = Path(args.output_dir)
@@ -296,25 +320,7 @@ def main() -> None:
             {"args": vars(args), "deepspeed_config": ds_config, "comm_mode": mode.name, "world_size": world,
              "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, indent=1, default=str))
     if args.watch_downstream:
-        problem = [None]
-        if rank == 0:
-            try:
-                watcher_command = companion_command(run_dir, args.watch_downstream, os.getpid())
-            except (UsageError, TaskError, ValueError) as exc:  # ValueError: shlex, an unclosed quote
-                problem[0] = f"--watch-downstream: {exc}"
-            except SystemExit:  # argparse's -h
-                problem[0] = "--watch-downstream: give bert-finetune's flags (see bert-finetune --help)"
-        dist.broadcast_object_list(problem, src=0)
-        if problem[0]:
-            fail(problem[0])
-        if rank == 0:
-            try:
-                start_beside_training(watcher_command, run_dir)
-                print(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}",
-                      flush=True)
-            except OSError as exc:  # the probes are optional; the training is not
-                print(f"warning: --watch-downstream: could not start the watcher ({exc}); training goes on",
-                      flush=True)
+        start_watcher(args.watch_downstream, run_dir, rank)
     metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps)
     stop = StopRequest()
     book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,

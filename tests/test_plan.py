@@ -295,3 +295,12 @@ def test_preflight_names_the_host_that_never_joins(tmp_path):
     assert ("bert-plan preflight: problem: host unreachable: nodeB (rank 1) did not join within 3 s"
             in proc.stdout), proc.stdout + proc.stderr
     assert not out.exists()
+
+
+def test_the_allreduce_fit_stays_positive_when_noise_decides():
+    """On a busy machine loopback measured 4 MB faster than 1 MB: a negative slope, a negative
+    bandwidth, and estimate's input broken (CI, 2026-11-25). The fit falls back to the origin."""
+    from commodity_bert.plan.preflight import fit_line
+    latency, per_byte = fit_line([(1.0 * 2**20, 0.004), (4.0 * 2**20, 0.003)])
+    assert latency == 0.0 and per_byte > 0
+    assert fit_line([(1.0, 2.0), (3.0, 4.0)]) == (1.0, 1.0)  # an ordinary line is left as it is

@@ -305,14 +305,17 @@ def timed_allreduce(size_bytes: int, device: torch.device, repeats: int) -> floa
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares t = a + b·x; a clipped at 0 (latency cannot be negative)."""
+    """Least squares t = a + b·x; a clipped at 0 (latency cannot be negative). Where the times do
+    not grow with the size (a link so fast that noise decides, e.g. loopback on a busy machine:
+    4 MB measured faster than 1 MB) the slope is meaningless: t = b·x through the origin instead,
+    which bounds the bandwidth from below."""
     n = len(points)
     mx = sum(x for x, _ in points) / n
     my = sum(y for _, y in points) / n
     sxx = sum((x - mx) ** 2 for x, _ in points)
     b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else my / mx
     a = my - b * mx
-    if a < 0:
+    if a < 0 or b <= 0:
         b, a = sum(x * y for x, y in points) / sum(x * x for x, _ in points), 0.0
     return a, b
 

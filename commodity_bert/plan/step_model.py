@@ -16,7 +16,7 @@ Communication, per step, over the slowest link of a ring:
     (intra-node link) and across the N nodes (the network), as NCCL's and gloo's rings do.
     bytes per gradient element: the communicated dtype (fp16/bf16: 2, fp32: 4).
   lamb        DeepSpeed's allreduce of the gradients after backward (ZeRO 0): all exposed.
-  bucketwise  bucket-wise clipping (bucket_clip.py) sends fp32 buckets as backward produces
+  bucketwise  bucket-wise clipping (comm/bucketwise.py) sends fp32 buckets as backward produces
               them: all but the last bucket hide behind the rest of the last micro-batch's
               backward (2/3 of its forward + backward); exposed = max(comm − hidden, last bucket).
   onebit_lamb until the freeze step as lamb; after it the compressed allreduce
@@ -213,7 +213,7 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         return StepEstimate(compute, seconds, seconds, sent, rounds)
     compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
     if optimizer == "bucketwise":
-        size = 4.0 * work.params  # bucket_clip.py communicates fp32
+        size = 4.0 * work.params  # comm/bucketwise.py communicates fp32
         buckets = max(1, math.ceil(size / work.bucket_bytes))
         total = sum(net.allreduce_s(min(work.bucket_bytes, size - b * work.bucket_bytes), nodes, gpus_per_node)
                     for b in range(buckets))
