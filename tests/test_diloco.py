@@ -179,10 +179,10 @@ def _config(**project):
     ({"bucketwise_cliping": {"enabled": True}}, {},
      'unknown key "commodity_bert.bucketwise_cliping" in the DeepSpeed config; the known ones are '
      'bucketwise_clipping, diloco'),
-    ({"diloco": {"inner_step": 50}}, {}, 'unknown key "commodity_bert.comm.diloco.inner_step"'),
+    ({"diloco": {"inner_step": 50}}, {}, 'unknown key "commodity_bert.diloco.inner_step"'),
     ({"bucketwise_clipping": {"enabled": True, "max_nrom": 1.0}}, {},
      'unknown key "commodity_bert.bucketwise_clipping.max_nrom"'),
-    ({"diloco": True}, {}, '"commodity_bert.comm.diloco" must be an object'),
+    ({"diloco": True}, {}, '"commodity_bert.diloco" must be an object'),
     ({"diloco": {"inner_steps": 0}}, {}, "diloco inner_steps 0: give a positive number of steps"),
     ({"diloco": {"compression": "fp8"}}, {}, "diloco compression 'fp8': give one of none, bf16, int8"),
     ({"diloco": {"outer_momentum": 1.0}}, {}, "diloco outer_momentum 1.0: give a number in [0, 1)"),

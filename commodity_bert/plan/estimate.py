@@ -153,7 +153,7 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
         settings = diloco_settings(config)
         if settings is None:
             settings = {**DILOCO_DEFAULTS, "enabled": True}
-            notes.append(f"{name}: no commodity_bert.comm.diloco block in the config; DiLoCo's defaults assumed "
+            notes.append(f"{name}: no commodity_bert.diloco block in the config; DiLoCo's defaults assumed "
                          f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
         extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"])
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
