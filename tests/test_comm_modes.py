@@ -27,19 +27,24 @@ MODES = {
     # DeepSpeed's FusedAdam under ZeRO-2, shipped as is: resumed at 15, β1^16 computed by pow in a
     # fresh process differed from the chained product (optim/cpu_adam_resume.py)
     "allreduce_zero2_adamw": ("allreduce", "cpu_tiny_adamw_zero2_bf16.json", {}, 18, 15, (), None),
-    "bucketwise_clipping": ("bucketwise_clipping", "cpu_tiny_lamb_bucketwise_clip.json", {}, 8, 4, (),
-                            ({"zero_optimization.stage": 1}, "bucket-wise clipping cannot run under ZeRO stage 1")),
+    "bucketwise_clipping": (
+        "bucketwise_clipping", "cpu_tiny_lamb_bucketwise_clip.json", {}, 8, 4, (),
+        ({"zero_optimization.stage": 1}, "bucket-wise clipping cannot run under ZeRO stage 1")),
     # the freeze after step 4: resumed before it, the run crosses it after the relaunch
-    "onebit_lamb": ("onebit_lamb", "cpu_tiny_onebit_lamb.json", {"optimizer.params.freeze_step": 4}, 8, 3, ("onebit_frozen",),
-                    ({"zero_optimization.stage": 1}, "OneBitLamb cannot run under ZeRO stage 1")),
+    "onebit_lamb": (
+        "onebit_lamb", "cpu_tiny_onebit_lamb.json", {"optimizer.params.freeze_step": 4}, 8, 3, ("onebit_frozen",),
+        ({"zero_optimization.stage": 1}, "OneBitLamb cannot run under ZeRO stage 1")),
     # variance frozen after step 4; step 10 is a local step (ranks apart), step 12 a sync
-    "zero_one_adam": ("zero_one_adam", "cpu_tiny_zero_one_adam.json", ZERO_ONE, 12, 10, ("variance_frozen", "local_step_interval"),
-                      ({"zero_optimization.stage": 1}, "ZeroOneAdam cannot run under ZeRO stage 1")),
-    # rounds of 4 inner steps of 2 micro-batches: step 6 is in the middle of round 2; the last step ends a round
-    "diloco": ("diloco", "cpu_tiny_diloco_lamb.json", {"commodity_bert.diloco.inner_steps": 4, "train_micro_batch_size_per_gpu": 16,
-                                             "gradient_accumulation_steps": 2}, 10, 6, ("outer_rounds",),
-               ({"commodity_bert.bucketwise_clipping": {"enabled": True}},
-                "DiLoCo and bucket-wise clipping cannot be combined")),
+    "zero_one_adam": (
+        "zero_one_adam", "cpu_tiny_zero_one_adam.json", ZERO_ONE, 12, 10, ("variance_frozen", "local_step_interval"),
+        ({"zero_optimization.stage": 1}, "ZeroOneAdam cannot run under ZeRO stage 1")),
+    # rounds of 4 inner steps of 2 micro-batches: step 6 is in the middle of round 2; the last
+    # step ends a round
+    "diloco": (
+        "diloco", "cpu_tiny_diloco_lamb.json",
+        {"commodity_bert.diloco.inner_steps": 4, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2},
+        10, 6, ("outer_rounds",),
+        ({"commodity_bert.bucketwise_clipping": {"enabled": True}}, "DiLoCo and bucket-wise clipping cannot be combined")),
 }
 KEYS = ("step", "samples", "loss", "mlm_acc", "grad_norm", "loss_scale", "lr", "bytes_sent", "comm_rounds",
         "val_mlm_acc", "val_loss")
