@@ -183,34 +183,42 @@ class BucketwiseClipping(CommMode):
         return False  # backward returns this rank's own gradients; the clipped buckets are in flight
 
 
-class OneBitLambMode(CommMode):
-    """1-bit LAMB (optim/onebit_lamb.py): DeepSpeed's allreduce until the freeze step, then the
-    optimizer's compressed allreduce of momenta instead."""
+class CompressingOptimizer(CommMode):
+    """Modes whose optimizer runs its own compressed allreduce (1-bit LAMB, 0/1 Adam): selected by
+    the optimizer's type, refused under ZeRO, and its error-feedback buffers are the rank's own."""
 
-    name = "onebit_lamb"
+    optimizer_type = ""  # DeepSpeed's name, as the config and the messages spell it
 
-    @staticmethod
-    def enabled(config: dict) -> bool:
-        return optimizer_name(config) == "onebitlamb"
+    @classmethod
+    def enabled(cls, config: dict) -> bool:
+        return optimizer_name(config) == cls.optimizer_type.lower()
 
     @classmethod
     def refusal(cls, config: dict, stage: int) -> str | None:
         if stage >= 1:
-            return (f"OneBitLamb cannot run under ZeRO stage {stage}: it replaces the gradient allreduce with "
-                    f"its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
+            return (f"{cls.optimizer_type} cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
+                    f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
         return None
+
+    def resume(self, state: dict, rank_state: dict, where) -> None:
+        self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+
+    def state(self) -> tuple[dict, dict | None]:
+        return {}, {"optimizer": self.optimizer.rank_state_dict()}
+
+
+class OneBitLambMode(CompressingOptimizer):
+    """1-bit LAMB (optim/onebit_lamb.py): DeepSpeed's allreduce until the freeze step, then the
+    optimizer's compressed allreduce of momenta instead."""
+
+    name = "onebit_lamb"
+    optimizer_type = "OneBitLamb"
 
     def attach(self, engine, optimizer, model) -> list[str]:
         lines = super().attach(engine, optimizer, model)
         # from the freeze step on, momenta travel compressed instead of gradients
         optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
         return lines
-
-    def resume(self, state: dict, rank_state: dict, where) -> None:
-        self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
-
-    def state(self) -> tuple[dict, dict | None]:
-        return {}, {"optimizer": self.optimizer.rank_state_dict()}  # the error buffers are the rank's
 
     def metric_fields(self) -> dict:
         fields = {"onebit_frozen": self.optimizer.frozen}
@@ -236,22 +244,12 @@ class RanksStepAlone(CommMode):
         return config
 
 
-class ZeroOneAdamMode(RanksStepAlone):
+class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
     """0/1 Adam (optim/zero_one_adam.py): the optimizer decides step by step whether DeepSpeed
     allreduces the gradients, sends 1-bit momenta, or sends nothing (a local step)."""
 
     name = "zero_one_adam"
-
-    @staticmethod
-    def enabled(config: dict) -> bool:
-        return optimizer_name(config) == "zerooneadam"
-
-    @classmethod
-    def refusal(cls, config: dict, stage: int) -> str | None:
-        if stage >= 1:
-            return (f"ZeroOneAdam cannot run under ZeRO stage {stage}: it replaces the gradient allreduce with "
-                    f"its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
-        return None
+    optimizer_type = "ZeroOneAdam"
 
     def attach(self, engine, optimizer, model) -> list[str]:
         lines = super().attach(engine, optimizer, model)
@@ -262,7 +260,7 @@ class ZeroOneAdamMode(RanksStepAlone):
         return [warning] if warning else lines
 
     def resume(self, state: dict, rank_state: dict, where) -> None:
-        self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
+        super().resume(state, rank_state, where)
         if "local" in rank_state:  # between two syncs: this rank's own parameters and moments
             self.masters.load_rank_state(rank_state["local"])
 
@@ -270,7 +268,7 @@ class ZeroOneAdamMode(RanksStepAlone):
         return self.optimizer.shared_params(self.masters.push_to_model)
 
     def state(self) -> tuple[dict, dict | None]:
-        rank_state = {"optimizer": self.optimizer.rank_state_dict()}
+        _, rank_state = super().state()
         if not self.optimizer.synced_last_step:
             rank_state["local"] = self.masters.rank_state()
         return {}, rank_state
