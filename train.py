@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -435,6 +436,9 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
+        # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a
+        # rank, paid by every launch; frozen, the collector skips them (0.15 s).
+        gc.freeze()
     except Exception:  # noqa: BLE001 - any failure, reported with its traceback
         # A collective that failed (a peer died) must end this rank now: a normal exit would
         # join the data-loader workers, which wait on their queues for ever.

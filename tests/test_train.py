@@ -7,7 +7,10 @@ import time
 
 import psutil
 import pytest
-from conftest import COMMON, CPU_CONFIG, ONEBIT, REPO, launch_cmd, rows, train
+from conftest import COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows, train
+
+from commodity_bert.model.bert import ModelConfigError, build_config
+from commodity_bert.train.launch_checks import LaunchError, check_data_against_model, check_deepspeed_config
 
 
 @pytest.fixture(scope="module")
@@ -55,23 +58,18 @@ def test_exported_model_answers_fill_mask(run30):
 
 
 def test_resume_equals_uninterrupted(tmp_path, data, run30):
-    run = tmp_path / "run"
-    args = [*COMMON, "--data", data, "--output-dir", run, "--eval-every", 15]
-    train(2, *args, "--max-steps", 10)
-    # as if the run had logged step 15 and died before its next checkpoint
-    with open(run / "metrics.jsonl", "a") as fh:
-        fh.write(json.dumps({"step": 15, "samples": 0, "loss": 99.0}) + "\n" + '{"step": 16, "lo')
-    train(2, *args, "--max-steps", 20)
-    resumed, whole = rows(run), rows(run30)
-    assert [r["step"] for r in resumed] == [5, 10, 15, 20]
-    for r, w in zip(resumed, whole):
-        assert (r["loss"], r["mlm_acc"], r["lr"], r["grad_norm"]) == (w["loss"], w["mlm_acc"], w["lr"], w["grad_norm"])
-    assert resumed[2]["val_mlm_acc"] == whole[2]["val_mlm_acc"]
+    """fp32 LAMB as shipped (the bf16 path of every mode: test_comm_modes.py): run30 as if killed
+    after its step-20 checkpoint with its history up to step 25 and a torn line; the relaunch
+    continues as run30 went on."""
+    run = crashed_after(run30, 20, tmp_path / "run")
+    proc = train(2, *COMMON, "--data", data, "--output-dir", run, "--eval-every", 15, "--save-every", 10,
+                 "--max-steps", 30)
+    relaunched(proc, run30, run, 20)
     # a fresh start in the same directory keeps the earlier history aside, not mixed in
-    train(2, *args, "--max-steps", 5, "--resume", "none")
+    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--resume", "none")
     assert [r["step"] for r in rows(run)] == [5]
     [aside] = run.glob("metrics.jsonl.*")
-    assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20]
+    assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20, 25, 30]
 
 
 def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
@@ -172,10 +170,8 @@ def _refused(proc, phrase, run):
     assert not (run / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("case", ["unknown_optimizer", "misspelt_project_key", "onebit_zero1", "bucketwise_zero1", "bucketwise_onebit",
-                                  "lamb_zero1", "batch_sizes", "positions", "vocab"])
-def test_bad_configs_are_refused_before_training(tmp_path, data, case):
-    run = tmp_path / "run"
+def bad_case(tmp_path, case):
+    """(config, ranks, model, the phrase of its refusal) for one bad launch."""
     ranks, model, phrase = 1, "tiny", None
     config = json.loads(CPU_CONFIG.read_text())
     if case == "unknown_optimizer":
@@ -212,6 +208,29 @@ def test_bad_configs_are_refused_before_training(tmp_path, data, case):
             bert["vocab_size"], phrase = 8000, "vocab_size 8000 but the data's vocabulary has 30522 tokens"
         model = tmp_path / "bert.json"
         model.write_text(json.dumps(bert))
+    return config, ranks, model, phrase
+
+
+BAD_CASES = ["unknown_optimizer", "misspelt_project_key", "onebit_zero1", "bucketwise_zero1", "bucketwise_onebit",
+             "lamb_zero1", "batch_sizes", "positions", "vocab"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_configs_are_refused_in_one_line(tmp_path, data, case):
+    """The checks train.py runs before its first step (train.py, "checks, data and model"), each
+    case in this process; two cases through the launcher below show the line and the exit."""
+    config, ranks, model, phrase = bad_case(tmp_path, case)
+    manifest = load_manifest(data)
+    with pytest.raises((LaunchError, ModelConfigError)) as error:
+        check_deepspeed_config(config, ranks)
+        check_data_against_model(manifest, build_config(str(model), manifest["vocab"]["size"]), str(data))
+    assert phrase in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("case", ["batch_sizes", "vocab"])  # a config on 2 ranks; a model against the data
+def test_bad_configs_are_refused_before_training(tmp_path, data, case):
+    config, ranks, model, phrase = bad_case(tmp_path, case)
+    run = tmp_path / "run"
     (tmp_path / "ds.json").write_text(json.dumps(config))
     proc = train(ranks, "--deepspeed_config", tmp_path / "ds.json", "--model", model, "--data", data,
                  "--output-dir", run, "--max-steps", 5, check=False)

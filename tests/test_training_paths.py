@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, config_file, crashed_after, rows, run_cli, train
+from conftest import REPO, config_file, rows, train
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import TrainingBatches
@@ -68,19 +68,11 @@ def runs(tmp_path_factory, train_data):
     return tmp_path_factory.mktemp("paths")
 
 
-@pytest.fixture(scope="module")
-def dynamic_data(tmp_path_factory, sotu_small):
-    out = tmp_path_factory.mktemp("dynamic") / "seq64"
-    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 4,
-            "--masking", "dynamic", "--val-fraction", 0.05, "--workers", 2, "--output", out)
-    return out
-
-
 # ---- LAMB and 1-bit LAMB in bf16 against their fp32 runs
 
 
-def test_lamb_in_bf16_tracks_fp32(runs, train_data, run30):
-    run = launch(runs, train_data, "lamb_bf16", config_file(runs, "cpu_tiny_lamb.json", **{"bf16.enabled": True}), 10)
+def test_lamb_in_bf16_tracks_fp32(mode_run, train_data, run30):
+    run = mode_run("allreduce").whole
     bf16, fp32 = by_step(run), by_step(run30)  # run30 logs every 5 steps
     for step in (5, 10):
         assert abs(window_loss(bf16, step) - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, fp32[step])
@@ -89,9 +81,8 @@ def test_lamb_in_bf16_tracks_fp32(runs, train_data, run30):
     assert identical_across_ranks(run)
 
 
-def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(runs, train_data, onebit20):
-    config = config_file(runs, "cpu_tiny_onebit_lamb.json", **{"bf16.enabled": True})
-    run = launch(runs, train_data, "onebit_bf16", config, 15)
+def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
+    run = mode_run("onebit_lamb").whole
     bf16, fp32 = by_step(run), by_step(onebit20)  # onebit20 logs every 5 steps
     for step in (5, 10, 15):  # freeze after step 10
         assert abs(window_loss(bf16, step) - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, fp32[step])
@@ -123,31 +114,23 @@ def test_bucketwise_clipping_logs_the_global_norm_before_clipping(bucketwise_fp3
     assert history[5]["bytes_sent"] == pytest.approx(rows(run30)[0]["bytes_sent"], rel=1e-3)
 
 
-def test_bucketwise_clipping_in_bf16_tracks_fp32(runs, train_data, bucketwise_fp32):
-    config = config_file(runs, "cpu_tiny_lamb_bucketwise_clip.json", **{"bf16.enabled": True})
-    bf16, fp32 = by_step(launch(runs, train_data, "bucketwise_bf16", config, 10)), by_step(bucketwise_fp32)
+def test_bucketwise_clipping_in_bf16_tracks_fp32(mode_run, bucketwise_fp32):
+    bf16, fp32 = by_step(mode_run("bucketwise_clipping").whole), by_step(bucketwise_fp32)
     for step in (1, 5, 10):
         assert abs(bf16[step]["loss"] - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, bf16[step], fp32[step])
     assert bf16[1]["grad_norm"] == pytest.approx(fp32[1]["grad_norm"], rel=0.01)
 
 
-# ---- ZeRO-1 (fp32) and ZeRO-2 (bf16) AdamW, accumulation 2, dynamic masking, exact resume
-
-
-def zero_config(runs, stage: int, bf16: bool) -> str:
-    return config_file(runs, "cpu_tiny_adamw_zero2_bf16.json", **{
-        "zero_optimization.stage": stage, "bf16.enabled": bf16, "train_micro_batch_size_per_gpu": 16,
-        "gradient_accumulation_steps": 2})
+# ---- ZeRO-1 (fp32) and ZeRO-2 (bf16) AdamW, accumulation 2, dynamic masking; ZeRO-2's exact
+# resume: MODE_CASES["allreduce_zero2_adamw"] (test_comm_modes.py), whose run this is
 
 
 @pytest.fixture(scope="module")
 def zero1_fp32(runs, dynamic_data):
-    return launch(runs, dynamic_data, "zero1_fp32", zero_config(runs, 1, bf16=False), 10)
-
-
-@pytest.fixture(scope="module")
-def zero2_bf16(runs, dynamic_data):
-    return launch(runs, dynamic_data, "zero2_bf16", zero_config(runs, 2, bf16=True), 10)
+    config = config_file(runs, "cpu_tiny_adamw_zero2_bf16.json", **{
+        "zero_optimization.stage": 1, "bf16.enabled": False, "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 2})
+    return launch(runs, dynamic_data, "zero1_fp32", config, 10)
 
 
 def test_zero1_with_accumulation_and_dynamic_masking_logs_the_reference_norm(zero1_fp32, dynamic_data):
@@ -159,29 +142,13 @@ def test_zero1_with_accumulation_and_dynamic_masking_logs_the_reference_norm(zer
     assert identical_across_ranks(zero1_fp32)
 
 
-def test_zero2_bf16_tracks_zero1_fp32(zero2_bf16, zero1_fp32):
+def test_zero2_bf16_tracks_zero1_fp32(mode_run, zero1_fp32):
+    zero2_bf16 = mode_run("allreduce_zero2_adamw").whole
     bf16, fp32 = by_step(zero2_bf16), by_step(zero1_fp32)
     for step in (1, 5, 10):
         assert abs(bf16[step]["loss"] - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, bf16[step], fp32[step])
     assert bf16[1]["grad_norm"] == pytest.approx(fp32[1]["grad_norm"], rel=0.01)
     assert identical_across_ranks(zero2_bf16)
-
-
-def test_zero2_bf16_with_accumulation_resumes_bit_for_bit(runs, dynamic_data, zero2_bf16):
-    """As if killed after its step-5 checkpoint (dynamic masking, 2 micro-batches a step): every
-    step after the resume equals the uninterrupted run's bit for bit. It drifted in the 6th-7th
-    digit from the second step on (2.6e-6 relative at the fourth) until DeepSpeed's CPU Adam's
-    β^t chain was replayed on resume (optim/cpu_adam_resume.py): β2^6 by pow differs from the
-    chained product. The shipped config without accumulation: tests/test_comm_modes.py."""
-    run = runs / "zero2_bf16_pieces"
-    config = zero_config(runs, 2, bf16=True)
-    common = ["--deepspeed_config", config, "--model", "tiny", "--data", dynamic_data, "--output-dir", run,
-              "--log-every", 1, "--num-workers", 1]
-    train(2, *common, "--max-steps", 7, "--save-every", 5)
-    (run / "checkpoints" / "latest").write_text("step_00000005")  # the crash lost step 7's checkpoint
-    train(2, *common, "--max-steps", 10)
-    keys = ("step", "samples", "lr", "loss", "mlm_acc", "grad_norm")
-    assert [[r[k] for k in keys] for r in rows(run)] == [[r[k] for k in keys] for r in rows(zero2_bf16)]
 
 
 # ---- --init-from a checkpoint directory, in bf16
@@ -196,20 +163,15 @@ def test_init_from_a_checkpoint_directory_in_bf16(runs, train_data, run30):
     assert first["loss"] < by_step(run30)[5]["loss"] - 0.05  # not from random weights
 
 
-# ---- DiLoCo in bf16 with gradient accumulation: rounds, bytes, the shared model, resume mid-round
+# ---- DiLoCo in bf16 with gradient accumulation: rounds, bytes, the shared model (its run and
+# its resume mid-round: MODE_CASES["diloco"], test_comm_modes.py)
 
 
 @pytest.fixture(scope="module")
-def diloco_config(runs):
-    return config_file(runs, "cpu_tiny_diloco_lamb.json", **{"bf16.enabled": True, "train_micro_batch_size_per_gpu": 16,
-                                                            "gradient_accumulation_steps": 2})
-
-
-@pytest.fixture(scope="module")
-def diloco20(runs, train_data, diloco_config):
+def diloco20(mode_run):
     """inner_steps 10: rounds end at steps 10 and 20; evaluations every 5 steps, two of them
-    mid-round. (Resuming mid-round: tests/test_comm_modes.py.)"""
-    return launch(runs, train_data, "diloco_bf16", diloco_config, 20, "--eval-every", 5)
+    mid-round."""
+    return mode_run("diloco").whole
 
 
 def test_diloco_communicates_once_a_round(diloco20, train_data):
@@ -239,19 +201,14 @@ def test_diloco_evaluates_the_shared_model_mid_round(diloco20):
     assert history[20]["val_loss"] < history[10]["val_loss"] < history[5]["val_loss"]
 
 
-# ---- 0/1 Adam in bf16: T_v, 1-bit steps, local steps and syncs on the wire; resume between syncs
+# ---- 0/1 Adam in bf16: T_v, 1-bit steps, local steps and syncs on the wire (its run and its
+# resume between syncs: MODE_CASES["zero_one_adam"], test_comm_modes.py)
 
 
 @pytest.fixture(scope="module")
-def zero_one_config(runs):
-    return config_file(runs, "cpu_tiny_zero_one_adam.json", **{"bf16.enabled": True})
-
-
-@pytest.fixture(scope="module")
-def zero_one24(runs, train_data, zero_one_config):
-    """Variance steps 1-4, 6, …, 12 (frozen after 12); syncs at 13-16, 18, 20, 24. (Resuming
-    between syncs: tests/test_comm_modes.py.)"""
-    return launch(runs, train_data, "zero_one_bf16", zero_one_config, 24, "--eval-every", 7)
+def zero_one24(mode_run):
+    """Variance steps 1-4, 6, …, 12 (frozen after 12); syncs at 13-16, 18, 20, 24."""
+    return mode_run("zero_one_adam").whole
 
 
 def test_zero_one_adam_talks_as_its_schedules_say(zero_one24):
