@@ -339,6 +339,31 @@ def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data
     assert sorted(steps) == [4, 8], text
 
 
+def test_reinit_layers_start_the_top_layers_from_bert_initialisation(run30, capsys):
+    """--reinit-layers 1 on the 2-layer tiny: its top layer is what random init draws from the
+    same seed, everything else the pretrained weights; a count beyond the model is one line."""
+    import torch
+
+    from commodity_bert.finetune import models
+    pretrained = models.load(run30)
+    built = {}
+    for name, random_init, reinit in (("kept", False, 0), ("fresh", False, 1), ("random", True, 0)):
+        torch.manual_seed(7)
+        built[name] = dict(models.classifier(pretrained, 2, random_init, reinit_layers=reinit).named_parameters())
+    for key, value in built["fresh"].items():
+        if key.startswith("classifier."):
+            continue
+        same_as = "random" if key.startswith("bert.encoder.layer.1.") else "kept"
+        other = "kept" if same_as == "random" else "random"
+        assert torch.equal(value, built[same_as][key]), key
+        assert key.endswith("LayerNorm.bias") or not torch.equal(value, built[other][key]), key
+    with pytest.raises(SystemExit) as exit_:
+        finetune_main(["--model", str(run30), "--task", "embedded:party", "--reinit-layers", "3", "--seeds", "1",
+                       "--lr", "1e-3", "--no-cache", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "--reinit-layers 3" in err and "0 to 2" in err, err
+
+
 def test_a_bf16_runs_export_is_fine_tuned_in_fp32(tmp_path, run30):
     """A bf16 run's export says float32 (its weights are saved in fp32), and a model whose config
     still says bfloat16 is fine-tuned with fp32 weights: lr 5e-5 steps cannot move bf16 weights

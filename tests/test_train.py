@@ -51,7 +51,7 @@ def test_exported_model_answers_fill_mask(run30):
     from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
     model = AutoModelForMaskedLM.from_pretrained(run30 / "hf_model")
     tokenizer = AutoTokenizer.from_pretrained(run30 / "hf_model")
-    assert len(tokenizer) == model.config.vocab_size == 30522
+    assert len(tokenizer) == model.config.vocab_size == 8192  # the session's vocabulary (conftest.sotu_vocab)
     fill = pipeline("fill-mask", model=model, tokenizer=tokenizer)
     answers = fill("the congress of the united [MASK] .")
     assert len(answers) == 5 and all(a["token_str"] for a in answers)
@@ -200,12 +200,12 @@ def bad_case(tmp_path, case):
         ranks, config["train_batch_size"] = 2, 48
         phrase = "train_batch_size 48 ≠ train_micro_batch_size_per_gpu 32 × gradient_accumulation_steps 1 × 2 ranks"
     else:
-        bert = {"vocab_size": 30522, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+        bert = {"vocab_size": 8192, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                 "intermediate_size": 128, "max_position_embeddings": 512}
         if case == "positions":
             bert["max_position_embeddings"], phrase = 32, "sequences of 64 tokens but the model has 32 positions"
         else:
-            bert["vocab_size"], phrase = 8000, "vocab_size 8000 but the data's vocabulary has 30522 tokens"
+            bert["vocab_size"], phrase = 8000, "vocab_size 8000 but the data's vocabulary has 8192 tokens"
         model = tmp_path / "bert.json"
         model.write_text(json.dumps(bert))
     return config, ranks, model, phrase

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     hp.add_argument("--pooling", choices=POOLINGS, default="mean",
                     help="what the classifier reads: mean of the final states (default), HF's pooler (dense + "
                          "tanh on [CLS], untrained after MLM-only pretraining), or the [CLS] state")
+    hp.add_argument("--reinit-layers", type=int, default=0, metavar="N",
+                    help="the pretrained model's top N encoder layers start from BERT's initialisation (Zhang et "
+                         "al. 2020); default 0")
     hp.add_argument("--batch-size", type=int, default=32)
     hp.add_argument("--max-seq-len", type=int, default=128)
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
@@ -165,7 +168,7 @@ def hyperparameters(args, device):
                            max_seq_len=args.max_seq_len, warmup_fraction=args.warmup_fraction,
                            weight_decay=args.weight_decay, dropout=args.dropout,
                            precision=pick_precision(args.precision, device), min_steps=args.min_steps,
-                           pooling=args.pooling)
+                           pooling=args.pooling, reinit_layers=args.reinit_layers)
 
 
 def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
@@ -204,7 +207,8 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
     cosine, probe = {}, {}
     for name, from_random in (("pretrained", False), ("random_init", True)):
         trainer.seed_everything(seeds[0])
-        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling)
+        encoder = models.classifier(pretrained, len(task.label_names), from_random, hp.dropout, hp.pooling,
+                                    hp.reinit_layers)
         encoder.to(device)
         features = baselines.pooled_features(encoder, train, pad_id, device)  # encoded once for both
         dev_features = baselines.pooled_features(encoder, dev, pad_id, device)
@@ -243,10 +247,11 @@ def print_report(result: dict) -> None:
     lr = ("auto: the best of " + ", ".join(f"{g:g}" for g in result["selection"]["grid"]) +
           f" on {result['selection']['held_out']} held-out training examples") if hp["lr"] == "auto" else f"{hp['lr']:g}"
     steps = result["per_seed"][0]["steps"]
+    reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']} "
           f"train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} epochs, at least "
           f"{hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['pooling']} "
-          f"pooling, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
+          f"pooling{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
     print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}{'lr':>8}   per seed")
     named = [("pretrained", result)] + ([("random init", result["random_init"])] if result["random_init"] else [])
     for name, row in named:

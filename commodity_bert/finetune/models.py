@@ -176,10 +176,12 @@ class PooledClassifier(torch.nn.Module):
 
 
 def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1,
-               pooling: str = "mean") -> PooledClassifier:
+               pooling: str = "mean", reinit_layers: int = 0) -> PooledClassifier:
     """A classifier with a fresh head (and pooler, where the source had none), drawn from
     torch's generator: seed it first. `random_init`: the same architecture with none of the
-    pretrained weights."""
+    pretrained weights. `reinit_layers`: the top N encoder layers start from BERT's
+    initialisation instead of the pretrained weights (Zhang et al. 2020, "Revisiting
+    few-sample BERT fine-tuning": the top layers specialise in the pretraining task)."""
     settings = {k: v for k, v in pretrained.config.to_dict().items() if k not in ("id2label", "label2id")}
     config = pretrained.config.__class__.from_dict({**settings, "hidden_dropout_prob": dropout,
                                                     "attention_probs_dropout_prob": dropout})
@@ -187,8 +189,15 @@ def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropo
     config._attn_implementation = "sdpa"
     # fp32 whatever dtype the source's config names (see _from_hf_directory); bf16 is autocast's job
     model = PooledClassifier(config, pooling).float()
+    layers = config.num_hidden_layers
+    if not 0 <= reinit_layers <= layers:
+        raise ModelError(f"--reinit-layers {reinit_layers}: the model {pretrained.path} has {layers} layers; "
+                         f"give 0 to {layers}")
+    fresh = tuple(f"bert.encoder.layer.{i}." for i in range(layers - reinit_layers, layers))
     if not random_init:
-        missing, unexpected = model.load_state_dict(pretrained.encoder_state, strict=False)
+        kept = {k: v for k, v in pretrained.encoder_state.items() if not k.startswith(fresh)}
+        missing, unexpected = model.load_state_dict(kept, strict=False)
+        missing = [k for k in missing if not k.startswith(fresh)]
         # a trained pooler is only of use to pooling "pooler"
         unexpected = [k for k in unexpected if not k.startswith("bert.pooler.")]
         assert not unexpected, unexpected  # the state was filtered to the encoder's names

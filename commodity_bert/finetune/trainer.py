@@ -47,6 +47,7 @@ class Hyperparameters:
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     min_steps: int = 0  # at least this many optimizer steps, whatever the epochs give
     pooling: str = "mean"  # models.POOLINGS
+    reinit_layers: int = 0  # the top N encoder layers start fresh (models.classifier)
 
 
 def total_steps(examples: int, hp: Hyperparameters) -> int:
@@ -183,7 +184,8 @@ def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, s
     returns the dev metric and the seconds it took."""
     started = time.perf_counter()
     seed_everything(seed)
-    model = classifier(pretrained, len(task.label_names), random_init, hp.dropout, hp.pooling).to(device)
+    model = classifier(pretrained, len(task.label_names), random_init, hp.dropout, hp.pooling,
+                       hp.reinit_layers).to(device)
     no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
                "weight_decay": hp.weight_decay},
