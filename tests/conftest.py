@@ -137,42 +137,60 @@ def rows(run):
 
 
 @pytest.fixture(scope="session")
-def run30(tmp_path_factory, train_data):
-    """2 ranks of LAMB in fp32, 30 steps: the reference run of the training tests."""
-    run = tmp_path_factory.mktemp("run30") / "run"
-    train(2, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 30, "--eval-every", 15,
-          "--save-every", 10, "--keep-checkpoints", 2)
-    return run
-
-
-@pytest.fixture(scope="session")
-def healthy_run(tmp_path_factory, sotu_small, sotu_vocab):
-    """A tiny run that leaves the unigram plateau: the quickstart's recipe (a vocabulary of 8,192
-    trained on the text, seq 64 without NSP, LAMB 1e-2 in fp32) for 400 steps on 2 ranks. One
-    evaluation, at the end, where the plateau check runs. 400 and not 300 steps: the run leaves
-    the plateau between steps 200 and 300 (validation MLM 10.4% at 200, 14.6% at 300 and 14.7%
-    at 400 on an AMD EPYC Zen 4), and on CI's machine it had reached only 13.0% at step 300,
-    below the 1.5x-unigram line (13.1%); the extra 100 steps leave room for a later exit."""
-    root = tmp_path_factory.mktemp("healthy")
+def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic_data) -> dict[str, Path]:
+    """The runs several test modules compare against, trained side by side (two launches at a
+    time, the longest first) the first time any of them is asked for:
+    - run30: 2 ranks of LAMB in fp32, 30 steps, the reference run of the training tests;
+    - healthy: a tiny run that leaves the unigram plateau: the quickstart's recipe (a vocabulary
+      of 8,192 trained on the text, seq 64 without NSP, LAMB 1e-2 in fp32) for 400 steps, one
+      evaluation, at the end, where the plateau check runs. 400 and not 300 steps: the run left
+      the plateau between steps 200 and 300 (validation MLM 10.4% at 200, 14.6% at 300 and 14.7%
+      at 400 on an AMD EPYC Zen 4), and on CI's machine it had reached only 13.0% at step 300,
+      below the 1.5x-unigram line (13.1%); the extra 100 steps leave room for a later exit;
+    - onebit20: 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage;
+    - zero1_fp32: AdamW under ZeRO-1 in fp32, micro-batch 16 x accumulation 2, dynamic masking,
+      10 steps (ZeRO-2 in bf16 against it: test_training_paths.py);
+    - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps."""
+    root = tmp_path_factory.mktemp("reference")
     run_cli("shards", "--input", sotu_small, "--vocab", sotu_vocab, "--seq-len", 64, "--no-nsp",
             "--masking", "static", "--dupe-factor", 1, "--num-shards", 4, "--val-fraction", 0.05, "--workers", 2,
-            "--output", root / "seq64")
-    run = root / "run"
-    proc = train(2, "--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", "--model", "tiny",
-                 "--num-workers", 1, "--data", root / "seq64", "--output-dir", run, "--max-steps", 400,
-                 "--log-every", 100, "--eval-every", 400, "--plateau-check-samples", 15000)
-    (run / "stdout.log").write_text(proc.stdout)
-    return run
+            "--output", root / "healthy_seq64")
+    zero1 = config_file(root, "cpu_tiny_adamw_zero2_bf16.json", **{
+        "zero_optimization.stage": 1, "bf16.enabled": False, "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 2})
+    tiny = ["--model", "tiny", "--num-workers", 1]
+    launches = {
+        "healthy": ["--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", *tiny, "--data",
+                    root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
+                    "--plateau-check-samples", 15000],
+        "run30": [*COMMON, "--data", train_data, "--max-steps", 30, "--eval-every", 15, "--save-every", 10,
+                  "--keep-checkpoints", 2],
+        "onebit20": [*ONEBIT, "--data", train_data, "--max-steps", 20],
+        "zero1_fp32": ["--deepspeed_config", zero1, *tiny, "--data", dynamic_data, "--max-steps", 10, "--log-every", 1],
+        "bucketwise_fp32": ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb_bucketwise_clip.json", *tiny,
+                            "--data", train_data, "--max-steps", 10, "--log-every", 1],
+    }
+    runs = {name: root / name for name in launches}
+    procs = side_by_side([[*args, "--output-dir", runs[name]] for name, args in launches.items()])
+    for proc in procs:
+        checked(proc)
+    (runs["healthy"] / "stdout.log").write_text(procs[0].stdout)
+    return runs
 
 
 @pytest.fixture(scope="session")
-def onebit20(tmp_path_factory, train_data):
-    """2 ranks of 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage."""
-    run = tmp_path_factory.mktemp("onebit20") / "run"
-    train(2, *ONEBIT, "--data", train_data, "--output-dir", run, "--max-steps", 20)
-    return run
+def run30(reference_runs):
+    return reference_runs["run30"]
 
 
+@pytest.fixture(scope="session")
+def healthy_run(reference_runs):
+    return reference_runs["healthy"]
+
+
+@pytest.fixture(scope="session")
+def onebit20(reference_runs):
+    return reference_runs["onebit20"]
 
 
 @pytest.fixture(scope="session")

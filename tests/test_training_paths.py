@@ -99,8 +99,8 @@ def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
 
 
 @pytest.fixture(scope="module")
-def bucketwise_fp32(runs, train_data):
-    return launch(runs, train_data, "bucketwise_fp32", str(CONFIGS / "cpu_tiny_lamb_bucketwise_clip.json"), 10)
+def bucketwise_fp32(reference_runs):
+    return reference_runs["bucketwise_fp32"]
 
 
 def test_bucketwise_clipping_logs_the_global_norm_before_clipping(bucketwise_fp32, train_data, run30):
@@ -126,11 +126,8 @@ def test_bucketwise_clipping_in_bf16_tracks_fp32(mode_run, bucketwise_fp32):
 
 
 @pytest.fixture(scope="module")
-def zero1_fp32(runs, dynamic_data):
-    config = config_file(runs, "cpu_tiny_adamw_zero2_bf16.json", **{
-        "zero_optimization.stage": 1, "bf16.enabled": False, "train_micro_batch_size_per_gpu": 16,
-        "gradient_accumulation_steps": 2})
-    return launch(runs, dynamic_data, "zero1_fp32", config, 10)
+def zero1_fp32(reference_runs):
+    return reference_runs["zero1_fp32"]
 
 
 def test_zero1_with_accumulation_and_dynamic_masking_logs_the_reference_norm(zero1_fp32, dynamic_data):

@@ -18,7 +18,8 @@ log/eval/save and names no mode; each mode says, in one class, what it changes:
     refusal(config, stage)    what it cannot be combined with, as one line (launch checks)
 
 `select(config)` picks the mode from the DeepSpeed config once. A new mode is a subclass here
-(or beside its machinery) added to MODES, and a line in tests/test_comm_modes.py.
+(or beside its machinery) added to MODES, and a line in MODE_CASES (tests/conftest.py), which
+tests/test_comm_modes.py runs.
 
 Written here, not as DeepSpeed engine hooks, because DeepSpeed has none for "allreduce something
 else instead of the gradients" or "no allreduce for H steps": its 1-bit optimizers did it from
