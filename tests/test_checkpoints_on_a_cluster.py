@@ -75,6 +75,7 @@ def test_time_budget_and_elapsed_time_continue_across_relaunches(tmp_path, train
     history = rows(run)
     assert [r["step"] for r in history] == list(range(1, stopped + 1))
     assert history[3]["elapsed_s"] > history[2]["elapsed_s"]  # continued, not started again from 0
+    assert (run / "checkpoints" / "latest").read_text() == f"step_{stopped:08d}"  # saved where it stopped
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
