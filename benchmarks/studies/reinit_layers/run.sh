@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../../.."
 MODEL=${1:-/tmp/mini_100k/abl/runs/cpu_mini_adamw_bf16/seed_1}
 WORK=${2:-/tmp/reinit_layers}
 shift $(( $# < 2 ? $# : 2 ))
-LAYERS=${*:-1 2 4}
+LAYERS=${*:-0 1 2 4}
 PY=${PYTHON:-.venv/bin/python}
 SEEDS=${SEEDS:-1 2 3}
 GRID=${GRID:-3e-4 1e-3}
@@ -21,7 +21,9 @@ TASKS=${TASKS:-party}
 mkdir -p "$WORK"
 for task in $TASKS; do
     for n in $LAYERS; do
+        # N = 0 is the model as pretrained, with the random-init arm beside it
+        random=$([ "$n" = 0 ] && echo --random-init || true)
         [ -f "$WORK/reinit_${n}_$task.json" ] || $PY -m commodity_bert.finetune --model "$MODEL" --task embedded:$task \
-            --reinit-layers "$n" --seeds $SEEDS --lr-grid $GRID --quiet --json "$WORK/reinit_${n}_$task.json"
+            --reinit-layers "$n" $random --seeds $SEEDS --lr-grid $GRID --quiet --json "$WORK/reinit_${n}_$task.json"
     done
 done
