@@ -211,14 +211,19 @@ def cluster(tmp_path_factory):
 
 # ---- configs changed for a test, and runs as if killed after a checkpoint
 
-def config_file(tmp_dir, name: str, **changes) -> str:
-    config = json.loads((REPO / "ds_configs" / name).read_text())
+def changed(config: dict, changes: dict) -> dict:
+    """`config` with each dotted key of `changes` set (in place)."""
     for dotted, value in changes.items():
         node = config
         *path, last = dotted.split(".")
         for key in path:
             node = node.setdefault(key, {})
         node[last] = value
+    return config
+
+
+def config_file(tmp_dir, name: str, **changes) -> str:
+    config = changed(json.loads((REPO / "ds_configs" / name).read_text()), changes)
     out = tmp_dir / f"{name.removesuffix('.json')}_{abs(hash(json.dumps(changes, sort_keys=True)))}.json"
     out.write_text(json.dumps(config))
     return str(out)
@@ -344,13 +349,13 @@ def mode_run(tmp_path_factory, request):
             crashed_after(cases[name][2], MODE_CASES[name].resume_at, cases[name][3])
         pieces = dict(zip(relaunch, side_by_side([[*cases[n][4], "--output-dir", cases[n][3]] for n in relaunch])))
         for name, (config, data, whole, piece, _) in cases.items():
-            done[name] = (wholes[name], pieces.get(name), ModeRun(config, data, whole, piece, pieces.get(name)))
+            done[name] = (wholes[name], ModeRun(config, data, whole, piece, pieces.get(name)))
 
     def run(name: str) -> ModeRun:
         if not done:
             train_every_case()
-        whole, pieces, result = done[name]
+        whole, result = done[name]
         checked(whole)
-        checked(pieces)
+        checked(result.relaunch)
         return result
     return run

@@ -11,7 +11,7 @@ line before anything starts."""
 import json
 
 import pytest
-from conftest import MODE_CASES, REPO, relaunched, rows
+from conftest import MODE_CASES, REPO, changed, relaunched, rows
 
 from commodity_bert.comm.mode import mode_class
 from commodity_bert.optim.zero_one_adam import step_kinds
@@ -80,12 +80,6 @@ def test_what_a_mode_cannot_run_with_is_refused_in_one_line(name):
     if case.refused is None:
         return
     changes, phrase = case.refused
-    for dotted, value in changes.items():
-        node = config
-        *path, last = dotted.split(".")
-        for key in path:
-            node = node.setdefault(key, {})
-        node[last] = value
     with pytest.raises(LaunchError) as error:
-        check_deepspeed_config(config, 2)
+        check_deepspeed_config(changed(config, changes), 2)
     assert phrase in str(error.value) and "\n" not in str(error.value)
