@@ -15,6 +15,29 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 EMBEDDED_SOTU = REPO / "data_prep" / "resources" / "sotu.txt.xz"
 
+# Two pytest-xdist workers share the 2 cores (pyproject's addopts: -n 2): run one at a time the
+# suite leaves a third of the machine idle (launches import, wait on signals and on DeepSpeed's 1-s
+# poll). Each worker computes its own session fixtures, so the modules that read the shared
+# training runs (reference_runs, mode_run) go to one worker, and so do the modules that start
+# namespace hosts, mounts or fixed ports; every other module goes whole to whichever is free.
+WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_modes", "test_training_paths",
+                                  "test_plateau"], "shared_runs"),
+                 **dict.fromkeys(["test_multihost", "test_launcher", "test_plan", "test_checkpoints_on_a_cluster"],
+                                 "on_hosts")}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, the scope being a module's group. Why not --dist loadgroup:
+    with pytest 9.2 its xdist_group marks have no effect (xdist 3.8 renames item._nodeid, which
+    pytest 9.2 no longer reads), and every test went where it liked."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = Path(nodeid.split("::", 1)[0]).stem
+            return WORKER_GROUPS.get(module, module)
+    return ByGroup(config, log)
+
 
 def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:
     """Run the real CLI in its own process, as a user would."""
@@ -108,9 +131,13 @@ def train_data(tmp_path_factory, sotu_small, sotu_vocab) -> Path:
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
-COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
+# The training tests load batches in the rank's own process (--num-workers 0: ~1 s less a launch);
+# the ones where loader processes matter (signals, --compile, bert-launch, bert-ablate's stop,
+# the multi-host runs) add WORKERS, as users run with loader processes (train.py's default is 2).
+WORKERS = ["--num-workers", 1]
+COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 0]
 ONEBIT = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_onebit_lamb.json", "--model", "tiny",
-          "--log-every", 5, "--num-workers", 1]
+          "--log-every", 5, "--num-workers", 0]
 
 
 def launch_cmd(ranks: int, *args) -> list[str]:
@@ -158,7 +185,7 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
     zero1 = config_file(root, "cpu_tiny_adamw_zero2_bf16.json", **{
         "zero_optimization.stage": 1, "bf16.enabled": False, "train_micro_batch_size_per_gpu": 16,
         "gradient_accumulation_steps": 2})
-    tiny = ["--model", "tiny", "--num-workers", 1]
+    tiny = ["--model", "tiny", "--num-workers", 0]
     launches = {
         "healthy": ["--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", *tiny, "--data",
                     root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
@@ -340,7 +367,7 @@ def mode_run(tmp_path_factory, request):
             data = request.getfixturevalue(case.data)
             config = config_file(root, case.config, **{"bf16.enabled": True, **case.changes})
             common = ["--deepspeed_config", config, "--model", "tiny", "--data", data, "--log-every", 1,
-                      "--num-workers", 1, "--eval-every", case.eval_every, "--max-steps", case.steps,
+                      "--num-workers", 0, "--eval-every", case.eval_every, "--max-steps", case.steps,
                       "--save-every", case.resume_at]
             cases[name] = (config, data, root / "whole", root / "pieces", common)
         wholes = dict(zip(cases, side_by_side([[*c[4], "--output-dir", c[2]] for c in cases.values()])))

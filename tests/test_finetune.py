@@ -2,6 +2,7 @@
 the tiny model the shared 30-step pretraining run (run30) exported, and its real checkpoints."""
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from conftest import COMMON, REPO, launch_cmd
 
 from commodity_bert.finetune import metrics, tasks
 from commodity_bert.finetune.cli import main as finetune_main
+from commodity_bert.finetune.watch import companion_command
 
 FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2",
         "--lr", "5e-5", "--min-steps", "0"]
@@ -321,10 +323,10 @@ def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data
     watch_args = (f"--train {train} --validation {dev} --seeds 1 --epochs 1 --batch-size 16 --no-cache --lr 1e-3 "
                   f"--min-steps 0")
     run = tmp_path / "run"
-    bad = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", tmp_path / "bad",
-                                    "--max-steps", 4, "--watch-downstream", "--train nope.csv --validation x.csv"),
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "train.py: error: --watch-downstream: --train nope.csv: no such file" in bad.stderr
+    # what train.py checks before its first step (start_watcher), here in this process; how such a
+    # refusal ends a launch (one line from rank 0, every rank out): test_bad_configs_are_refused_before_training
+    with pytest.raises(tasks.TaskError, match="--train nope.csv: no such file"):
+        companion_command(tmp_path / "bad", "--train nope.csv --validation x.csv", os.getpid())
     proc = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 8,
                                      "--save-every", 4, "--watch-downstream", watch_args),
                           cwd=REPO, capture_output=True, text=True, timeout=300)
