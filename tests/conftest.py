@@ -131,13 +131,9 @@ def train_data(tmp_path_factory, sotu_small, sotu_vocab) -> Path:
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
-# The training tests load batches in the rank's own process (--num-workers 0: ~1 s less a launch);
-# the ones where loader processes matter (signals, --compile, bert-launch, bert-ablate's stop,
-# the multi-host runs) add WORKERS, as users run with loader processes (train.py's default is 2).
-WORKERS = ["--num-workers", 1]
-COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 0]
+COMMON = ["--deepspeed_config", CPU_CONFIG, "--model", "tiny", "--log-every", 5, "--num-workers", 1]
 ONEBIT = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_onebit_lamb.json", "--model", "tiny",
-          "--log-every", 5, "--num-workers", 0]
+          "--log-every", 5, "--num-workers", 1]
 
 
 def launch_cmd(ranks: int, *args) -> list[str]:
@@ -185,7 +181,7 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
     zero1 = config_file(root, "cpu_tiny_adamw_zero2_bf16.json", **{
         "zero_optimization.stage": 1, "bf16.enabled": False, "train_micro_batch_size_per_gpu": 16,
         "gradient_accumulation_steps": 2})
-    tiny = ["--model", "tiny", "--num-workers", 0]
+    tiny = ["--model", "tiny", "--num-workers", 1]
     launches = {
         "healthy": ["--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", *tiny, "--data",
                     root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
@@ -367,7 +363,7 @@ def mode_run(tmp_path_factory, request):
             data = request.getfixturevalue(case.data)
             config = config_file(root, case.config, **{"bf16.enabled": True, **case.changes})
             common = ["--deepspeed_config", config, "--model", "tiny", "--data", data, "--log-every", 1,
-                      "--num-workers", 0, "--eval-every", case.eval_every, "--max-steps", case.steps,
+                      "--num-workers", 1, "--eval-every", case.eval_every, "--max-steps", case.steps,
                       "--save-every", case.resume_at]
             cases[name] = (config, data, root / "whole", root / "pieces", common)
         wholes = dict(zip(cases, side_by_side([[*c[4], "--output-dir", c[2]] for c in cases.values()])))

@@ -27,7 +27,7 @@ def config_with_lr(tmp_path, lr, warmup, total):
 
 
 def test_plateau_warning_fires_on_a_stuck_run(tmp_path, train_data):
-    common = ["--data", train_data, "--model", "tiny", "--num-workers", 0, "--log-every", 10]
+    common = ["--data", train_data, "--model", "tiny", "--num-workers", 1, "--log-every", 10]
     stuck = tmp_path / "stuck"
     proc = train(2, "--deepspeed_config", config_with_lr(tmp_path, 1e-9, 2, 8), *common, "--output-dir", stuck,
                  "--max-steps", 8, "--eval-every", 2, "--plateau-check-samples", 200)

@@ -7,8 +7,7 @@ import time
 
 import psutil
 import pytest
-from conftest import (COMMON, CPU_CONFIG, ONEBIT, REPO, WORKERS, crashed_after, launch_cmd, load_manifest, relaunched,
-                      rows, train)
+from conftest import COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows, train
 
 from commodity_bert.model.bert import ModelConfigError, build_config
 from commodity_bert.train.launch_checks import LaunchError, check_data_against_model, check_deepspeed_config
@@ -91,8 +90,7 @@ def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM])
 def test_stop_signal_saves_a_checkpoint_and_exits_zero(tmp_path, data, sig):
     run = tmp_path / "run"
-    launcher = subprocess.Popen(launch_cmd(2, *COMMON, *WORKERS, "--data", data, "--output-dir", run,
-                                           "--max-steps", 100000),
+    launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 100000),
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while not ((run / "metrics.jsonl").exists() and len(_rank_processes(launcher)) == 2):
@@ -135,7 +133,7 @@ def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
     """--compile through both 1-bit LAMB stages, and every rank exits: compiled runs kept rank 1's
     loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever."""
     run = tmp_path / "run"
-    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", *WORKERS, timeout=300)
+    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=300)
     compiled, eager = rows(run), rows(onebit20)[:3]
     assert [r["step"] for r in compiled] == [5, 10, 15]
     assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True

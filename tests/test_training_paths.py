@@ -21,7 +21,7 @@ SEED = 42
 def launch(tmp_dir, data, name, config, steps, *extra):
     run = tmp_dir / name
     train(2, "--deepspeed_config", config, "--model", "tiny", "--data", data, "--output-dir", run,
-          "--max-steps", steps, "--log-every", 1, "--num-workers", 0, *extra)
+          "--max-steps", steps, "--log-every", 1, "--num-workers", 1, *extra)
     return run
 
 
