@@ -1,0 +1,60 @@
+"""Part 4 of the plateau study, gathered: every run of WORK/shipped_* as bert-ablate recorded it
+(results.json: curves, throughput) with what train.py's summary.json says of the plateau
+(unigram_acc, on_plateau), one JSON list, and a table per model and corpus.
+
+    python benchmarks/studies/plateau/collect.py WORK --json OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+from pathlib import Path
+
+PLATEAU_FACTOR = 1.5  # train.py's line: validation MLM accuracy below 1.5 × the unigram's is the plateau
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("work", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    args = p.parse_args()
+    rows = []
+    for abl in sorted(args.work.glob("shipped_*")):
+        _, model, corpus = abl.name.split("_", 2)
+        for row in json.loads((abl / "results.json").read_text()):
+            summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+            rows.append({"model": model, "corpus": corpus, **row, "unigram_acc": summary.get("unigram_acc"),
+                         "on_plateau": summary.get("on_plateau"), "peak_rss_mb": summary.get("peak_rss_mb")})
+    flags = Path("/proc/cpuinfo").read_text()
+    machine = {"cpu": cpu_name(), "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
+               "cores": len(__import__("os").sched_getaffinity(0))}
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(json.dumps({"machine": machine, "runs": rows}, indent=1) + "\n")
+    tmp.replace(args.json)
+    print(f"machine: {machine}")
+    print("| model | corpus | config | val MLM acc per seed | unigram | ratio (min) | off the plateau | train s (median) |")
+    print("|---|---|---|---|---:|---:|---|---:|")
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["corpus"], row["variant"]), []).append(row)
+    for (model, corpus, variant), runs in groups.items():
+        accs = [r["final_val_mlm_acc"] for r in runs]
+        unigram = runs[0]["unigram_acc"]
+        off = sum(a >= PLATEAU_FACTOR * unigram for a in accs)
+        print(f"| `{model}` | {corpus} | {variant} | {' / '.join(f'{100 * a:.2f}' for a in accs)} "
+              f"(seeds {', '.join(str(r['seed']) for r in runs)}) | {100 * unigram:.2f} | "
+              f"{min(accs) / unigram:.2f} | {off} of {len(runs)} | "
+              f"{statistics.median(r['train_s'] for r in runs):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
