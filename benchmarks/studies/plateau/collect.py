@@ -30,6 +30,8 @@ def main() -> None:
     rows = []
     for abl in sorted(args.work.glob("shipped_*")):
         _, model, corpus = abl.name.split("_", 2)
+        if not (abl / "results.json").is_file():
+            continue
         for row in json.loads((abl / "results.json").read_text()):
             summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
             rows.append({"model": model, "corpus": corpus, **row, "unigram_acc": summary.get("unigram_acc"),
@@ -41,8 +43,8 @@ def main() -> None:
     tmp.write_text(json.dumps({"machine": machine, "runs": rows}, indent=1) + "\n")
     tmp.replace(args.json)
     print(f"machine: {machine}")
-    print("| model | corpus | config | val MLM acc per seed | unigram | ratio (min) | off the plateau | train s (median) |")
-    print("|---|---|---|---|---:|---:|---|---:|")
+    print("| model | corpus | config | val MLM acc per seed | unigram | ratio (min) | off the plateau | left it at step | train s (median) |")
+    print("|---|---|---|---|---:|---:|---|---|---:|")
     groups: dict[tuple, list] = {}
     for row in rows:
         groups.setdefault((row["model"], row["corpus"], row["variant"]), []).append(row)
@@ -50,9 +52,11 @@ def main() -> None:
         accs = [r["final_val_mlm_acc"] for r in runs]
         unigram = runs[0]["unigram_acc"]
         off = sum(a >= PLATEAU_FACTOR * unigram for a in accs)
+        left = [next((c["step"] for c in r["curve"] if c["val_mlm_acc"] >= PLATEAU_FACTOR * unigram), None)
+                for r in runs]
         print(f"| `{model}` | {corpus} | {variant} | {' / '.join(f'{100 * a:.2f}' for a in accs)} "
               f"(seeds {', '.join(str(r['seed']) for r in runs)}) | {100 * unigram:.2f} | "
-              f"{min(accs) / unigram:.2f} | {off} of {len(runs)} | "
+              f"{min(accs) / unigram:.2f} | {off} of {len(runs)} | {' / '.join(str(x) for x in left)} | "
               f"{statistics.median(r['train_s'] for r in runs):.0f} |")
 
 
