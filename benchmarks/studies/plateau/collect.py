@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import os
 import statistics
+import sys
 from pathlib import Path
 
-PLATEAU_FACTOR = 1.5  # train.py's line: validation MLM accuracy below 1.5 × the unigram's is the plateau
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for bench_common
+from bench_common import cpu_name  # noqa: E402
 
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+from commodity_bert.train.plateau import FACTOR as PLATEAU_FACTOR  # noqa: E402 - train.py's own line
 
 
 def main() -> None:
@@ -38,7 +35,7 @@ def main() -> None:
                          "on_plateau": summary.get("on_plateau"), "peak_rss_mb": summary.get("peak_rss_mb")})
     flags = Path("/proc/cpuinfo").read_text()
     machine = {"cpu": cpu_name(), "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
-               "cores": len(__import__("os").sched_getaffinity(0))}
+               "cores": len(os.sched_getaffinity(0))}
     tmp = args.json.with_name(args.json.name + ".tmp")
     tmp.write_text(json.dumps({"machine": machine, "runs": rows}, indent=1) + "\n")
     tmp.replace(args.json)
