@@ -48,6 +48,7 @@ from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale
 from commodity_bert.train import checkpoint
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
+from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,
     check_data_against_model,
@@ -92,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every-minutes", type=float, default=30.0, help="checkpoint every M minutes (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the last K checkpoints")
     p.add_argument("--num-workers", type=int, default=2, help="data-loading processes per rank")
+    p.add_argument("--trim-host-memory-every", type=int, default=10, metavar="STEPS",
+                   help="hand the C heap's free pages back to the system every STEPS steps (glibc's "
+                        "malloc_trim; 0: never), so a rank's host memory stays bounded in a long run")
     p.add_argument("--shards-in-memory", type=int, default=SHARDS_IN_MEMORY,
                    help="training shards a rank holds in memory at a time (its RAM for data is about this "
                         "times the shard size, whatever the data set's size); 0: all of its shards")
@@ -361,6 +365,7 @@ def main() -> None:
     last_eval: dict = {}
     stopped_by = "max steps"
     data_iter = iter(batches)
+    trimmer = HeapTrimmer(args.trim_host_memory_every)
     engine.train()
     try:
         while engine.global_steps < max_steps:
@@ -379,6 +384,7 @@ def main() -> None:
                 engine.step()
                 book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             mode.after_step(step, last=step >= max_steps)
+            trimmer.after_step(step)
             book.end_step(*mode.grad_norm())
             samples += total_batch
             decision = book.decide(step, stop.signalled)

@@ -19,11 +19,12 @@ the peak:
 - the model: `tiny` (2 x 128, same vocabulary) in the same set-up.
 
     python benchmarks/rank_memory.py --data SHARDS [--steps 120] [--variants 7] [--repo DIR] [--json OUT]
-    python benchmarks/rank_memory.py --data SHARDS --baseline DIR [--repeats 2] [--env KEY=VALUE] [--json OUT]
+    python benchmarks/rank_memory.py --data SHARDS --baseline DIR [--repeats 2] [--env KEY=VALUE]
+        [--side-args 'TRAIN_ARGS'] [--json OUT]
 
 `--baseline DIR` runs the first variant from DIR's train.py and from this checkout's (`--repo`),
 alternately, `--repeats` times each, and prints the median peak RSS and sequences/s of each: how
-a change to train.py, or `--env` on this checkout's side, moves a rank's memory and speed (with
+a change to train.py, or `--env` or `--side-args` on this checkout's side, moves a rank's memory and speed (with
 the mmap threshold pinned at 128 KiB it measured 1.6 against 2.7 GB, at 36 against 55 sequences/s: RESULTS.md).
 
 SHARDS: seq-128 shards with BERT's 30,522-token vocabulary (e.g. benchmarks/studies/mini_100k's).
@@ -70,6 +71,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="runs per side with --baseline")
     p.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE",
                    help="environment for this checkout's side of --baseline, e.g. MALLOC_MMAP_THRESHOLD_=131072")
+    p.add_argument("--side-args", default="", metavar="'ARGS'",
+                   help="train.py arguments for this checkout's side of --baseline, e.g. '--trim-host-memory-every 10'")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rank_memory_"))
@@ -95,7 +98,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             for side, repo in sides.items():
                 side_env = {**env, **dict(kv.split("=", 1) for kv in args.env)} if side == "this checkout" else env
-                measured = train(repo, args.data, work / f"{side.replace(' ', '_')}_{repeat}", steps, every,
+                side_args = args.side_args.split() if side == "this checkout" else []
+                measured = train(repo, args.data, work / f"{side.replace(' ', '_')}_{repeat}", steps, every + side_args,
                                  model=model, config=config, env=side_env)
                 runs.append({"variant": name, "side": side, "repo": str(repo), "repeat": repeat, **measured})
                 print(f"{side} ({repo}), {name}: peak {max(measured['rank_peak_rss_mb']):.0f} MB, "
