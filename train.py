@@ -95,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-workers", type=int, default=2, help="data-loading processes per rank")
     p.add_argument("--trim-host-memory-every", type=int, default=10, metavar="STEPS",
                    help="hand the C heap's free pages back to the system every STEPS steps (glibc's "
-                        "malloc_trim; 0: never), so a rank's host memory stays bounded in a long run")
+                        "malloc_trim; 0: never), so a rank's host memory grows far less in a long run")
     p.add_argument("--shards-in-memory", type=int, default=SHARDS_IN_MEMORY,
                    help="training shards a rank holds in memory at a time (its RAM for data is about this "
                         "times the shard size, whatever the data set's size); 0: all of its shards")
