@@ -45,7 +45,7 @@ from commodity_bert.model.bert import (
 )
 from commodity_bert.model.export import export_hf_model
 from commodity_bert.optim.build import build_optimizer
-from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale
+from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.train import checkpoint
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.host_memory import HeapTrimmer
@@ -378,7 +378,7 @@ def main() -> None:
                 boundary = micro == accumulation - 1
                 with mode.micro_batch(boundary):
                     loss, stats = engine(batch)
-                    engine.backward(loss)
+                    engine.backward(loss_for_backward(engine, loss))
                 if boundary:
                     mode.after_backward()
                 engine.step()

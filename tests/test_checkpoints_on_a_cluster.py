@@ -138,6 +138,9 @@ def test_nodes_without_a_shared_run_directory_agree_on_what_to_resume(tmp_path, 
     resumed = launch_nodes(tmp_path, train_data, runs, "--max-steps", 4, "--log-every", 2)
     assert all(done.returncode == 0 for done in resumed), resumed[1].stderr[-3000:]
     assert f"resuming from {runs[0] / 'checkpoints' / 'step_00000002'}" in resumed[0].stdout
-    keys = ("step", "loss", "mlm_acc", "grad_norm")
+    keys = ("step", "loss", "mlm_acc")
     assert [[r[k] for k in keys] for r in rows(runs[0])] == [[r[k] for k in keys] for r in uninterrupted]
+    # the norm is a reduction over threads whose order can change in the last bit (one CI run:
+    # 2.0695323944 against 2.0695326328, with identical losses): equal, not bitwise
+    assert [r["grad_norm"] for r in rows(runs[0])] == pytest.approx([r["grad_norm"] for r in uninterrupted], rel=1e-5)
     assert json.loads((runs[0] / "summary.json").read_text())["params_identical_across_ranks"] is True

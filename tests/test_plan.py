@@ -84,11 +84,16 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
     w = work(compress_s=0.05, wrapped=True, zero_one_schedule=(12, 4, 4, 4), inner_steps=10)
     onebit_s = 1.5 * 1e8 * 0.140625 / 1.25e9 + 4 * 3 * 0.01  # 4 collectives of 3 hops each
     flag_s = 1.5 * 1 / 1.25e9 + 6 * 0.01  # the bf16/fp16 wrapper's overflow flag: a ring's 6 hops
-    local = step_estimate(w, "zero_one_adam", "local", 4, 1, latency)
-    assert (local.compute_s, local.comm_s, local.rounds) == (pytest.approx(2.1), pytest.approx(flag_s), 1)
+    onebit = step_estimate(w, "zero_one_adam", "onebit", 4, 1, latency)
+    assert (onebit.comm_s, onebit.rounds) == (pytest.approx(onebit_s + flag_s), 5)
+    assert onebit.bytes_per_rank == pytest.approx(1.5 * 1e8 * 0.140625 + 1.5)
+    local = step_estimate(w, "zero_one_adam", "local", 4, 1, latency)  # each rank skips its own overflows
+    assert (local.compute_s, local.comm_s, local.rounds, local.bytes_per_rank) == (pytest.approx(2.1), 0.0, 0, 0.0)
     sync = step_estimate(w, "zero_one_adam", "sync", 4, 1, latency)
-    assert (sync.compute_s, sync.comm_s, sync.rounds) == (pytest.approx(2.15), pytest.approx(onebit_s + flag_s), 5)
-    assert sync.bytes_per_rank == pytest.approx(1.5 * 1e8 * 0.140625 + 1.5)
+    assert (sync.compute_s, sync.comm_s, sync.rounds) == (pytest.approx(2.15), pytest.approx(onebit_s), 4)
+    fp16_sync = step_estimate(work(compress_s=0.05, wrapped=True, loss_scaled=True, zero_one_schedule=(12, 4, 4, 4)),
+                              "zero_one_adam", "sync", 4, 1, latency)  # and the ranks agree on the loss scale
+    assert (fp16_sync.comm_s, fp16_sync.rounds) == (pytest.approx(onebit_s + 1.5 * 16 / 1.25e9 + 6 * 0.01), 5)
     fp32_local = step_estimate(work(zero_one_schedule=(12, 4, 4, 4)), "zero_one_adam", "local", 4, 1, latency)
     assert (fp32_local.comm_s, fp32_local.rounds, fp32_local.bytes_per_rank) == (0.0, 0, 0.0)
     full = step_estimate(w, "zero_one_adam", "full", 4, 1, latency)

@@ -28,8 +28,10 @@ class TinyEmbeddingModel(nn.Module):
 
 
 def _join(rank, world, port):
+    # on a one-GPU machine every rank shares device 0 (gloo)
+    local = rank % torch.cuda.device_count() if torch.cuda.is_available() else rank
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+                      LOCAL_RANK=str(local))
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
@@ -138,6 +140,8 @@ def _worker(rank, world, port, shared):
 @pytest.fixture(scope="module")
 def results():
     """{rank: what that rank measured}, from one spawn of 2 ranks for all the tests here."""
+    if torch.cuda.is_available():  # DeepSpeed's accelerator is then CUDA: the wrapper refuses CPU tensors
+        pytest.skip("the wrapper is built on CPU tensors here; on a GPU the engine tests below cover fp16")
     return spawn_ranks(_worker, 2)
 
 
@@ -187,3 +191,40 @@ def test_a_bf16_config_on_a_cpu_without_native_bf16_is_named_with_its_fp32_twin(
     # a config of the user's own with no fp32 twin: the setting to change
     own = cpu_bf16_warning("/tmp/mine.json", {"bf16": {"enabled": True}}, epyc)
     assert own.endswith('set "bf16": {"enabled": false}')
+
+
+def _sgd_engine_worker(rank, world, port, results, precision):
+    """One SGD step of a real engine on the GPU in `precision`: the update is lr × the gradient, so
+    a gradient that reached the optimizer at the wrong scale shows as an update that far off."""
+    _join(rank, world, port)
+    import deepspeed
+
+    from commodity_bert.optim.precision import loss_for_backward
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 1))
+    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+              **({"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}} if precision == "fp16" else {})}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(engine.device)
+    if precision == "fp16":
+        x = x.half()
+    masters = (engine.optimizer.fp32_groups[0] if precision == "fp16" else list(model.parameters()))
+    before = torch.cat([p.detach().float().reshape(-1) for p in masters]).cpu()
+    engine.backward(loss_for_backward(engine, engine(x).float().pow(2).mean()))
+    engine.step()
+    after = torch.cat([p.detach().float().reshape(-1) for p in masters]).cpu()
+    results[rank] = {"update": after - before, "skipped": engine.skipped_steps}
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="DeepSpeed's CPU accelerator refuses fp16")
+def test_fp16_gradients_reach_the_optimizer_at_their_true_scale():
+    """DeepSpeed 0.19's engine.backward leaves the loss unscaled under fp16 at ZeRO stage 0 while its
+    wrapper divides the gradients by the loss scale (optim/precision.py): the update was 65,536
+    times too small until train.py scaled the loss itself."""
+    fp32 = spawn_ranks(_sgd_engine_worker, 1, "fp32")[0]
+    fp16 = spawn_ranks(_sgd_engine_worker, 1, "fp16")[0]
+    assert fp16["skipped"] == 0
+    ratio = float(fp16["update"].norm() / fp32["update"].norm())
+    assert 0.97 < ratio < 1.03, ratio
+    assert torch.allclose(fp16["update"], fp32["update"], rtol=0.05, atol=1e-4)

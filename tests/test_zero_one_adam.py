@@ -2,6 +2,8 @@
 them, the ranks' parameters equal after every sync and apart between, the shared parameters for
 evaluation, weight decay from the last sync's parameters, and the launch checks. End to end
 through train.py: tests/test_training_paths.py."""
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,6 +12,7 @@ from test_comm import _join_gloo
 from torch import nn
 
 from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
 from commodity_bert.optim.zero_one_adam import ZeroOneAdam, step_kinds, variance_updates
 
 FREEZE, KAPPA, SCALER, CLIPPER, STEPS = 12, 4, 4, 4, 28
@@ -140,3 +143,96 @@ def test_bad_zero_one_adam_configs_are_refused(config, phrase):
     with pytest.raises(LaunchError) as refused:
         check_deepspeed_config(config, 2)
     assert phrase in str(refused.value)
+
+
+# ---- the local-step stage under DeepSpeed's fp16/bf16 wrapper: each rank skips its own overflows
+E_FREEZE, E_STEPS, E_LR = 4, 16, 1e-3
+E_KINDS = list(step_kinds(E_STEPS, E_FREEZE, 2, 2, 4))  # freeze after step 4; syncs every 1, 2, then 4 steps
+OVERFLOW_STEP = next(t for t, kind in enumerate(E_KINDS, 1) if kind == "local" and E_KINDS[t] == "local")
+
+
+def _engine_worker(rank, world, port, results, precision):
+    """The mode's hooks around a real DeepSpeed engine, as train.py's loop calls them; rank 1's
+    gradient overflows (an inf put into it) at one local step."""
+    import os
+
+    on_cuda = torch.cuda.is_available()
+    # on one GPU both ranks share device 0 and talk through gloo (NCCL refuses two ranks on one GPU)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK="0" if on_cuda else str(rank), LOCAL_SIZE=str(world))
+    import deepspeed
+
+    from commodity_bert.comm import mode as comm_mode
+    deepspeed.init_distributed(dist_backend="gloo")
+    torch.manual_seed(0)
+    model = TwoLayers()
+    config = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
+              precision: {"enabled": True, **({"loss_scale": 0, "initial_scale_power": 8} if precision == "fp16" else {})},
+              "optimizer": {"type": "ZeroOneAdam", "params": {
+                  "lr": E_LR, "var_freeze_step": E_FREEZE, "var_update_scaler": 2, "local_step_scaler": 2,
+                  "local_step_clipper": 4, "scale_block": 32}},
+              "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": E_LR,
+                                                           "warmup_num_steps": E_STEPS, "warmup_type": "linear"}}}
+    from commodity_bert.optim.build import build_optimizer
+    mode = comm_mode.select(config)
+    config = mode.deepspeed_config(config)
+    optimizer, parameters, config = build_optimizer(config, model, on_cuda)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
+                                           config=config)
+    mode.attach(engine, optimizer, model)
+    mode.ready()
+    mode.begin(contextlib.nullcontext)
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    rows = []
+    for step in range(1, E_STEPS + 1):
+        torch.manual_seed(1000 * rank + step)
+        x = torch.randn(8, 6).to(engine.device, dtype)
+        before = torch.cat([t.detach().reshape(-1).float().cpu() for t in mode.masters.tensors])
+        with BytesCounter() as wire:
+            mode.start_step(logged=False)
+            with mode.micro_batch(True):
+                engine.backward(loss_for_backward(engine, engine(x).float()))
+                if step == OVERFLOW_STEP and rank == 1:
+                    model.hidden.weight.grad.view(-1)[0] = float("inf")
+            mode.after_backward()
+            engine.step()
+            mode.after_step(step, last=step == E_STEPS)
+        after = torch.cat([t.detach().reshape(-1).float().cpu() for t in mode.masters.tensors])
+        rows.append({"calls": wire.calls, "moved": not torch.equal(before, after), "params": after,
+                     "schedule": dict(optimizer.schedule), "lr": engine.get_lr()[0],
+                     "synced": optimizer.synced_last_step, "loss_scale": current_loss_scale(engine.optimizer)})
+    results[rank] = {"rows": rows, "skipped": engine.skipped_steps, "device": str(engine.device)}
+    dist.destroy_process_group()
+
+
+PRECISIONS = [pytest.param("bf16", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 is tested on CPU")),
+              pytest.param("fp16", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                            reason="DeepSpeed's CPU accelerator refuses fp16"))]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_local_steps_send_nothing_and_each_rank_skips_its_own_overflows(precision):
+    ranks = spawn_ranks(_engine_worker, 2, precision)
+    assert OVERFLOW_STEP > E_FREEZE and E_KINDS[OVERFLOW_STEP - 1] == "local"
+    for rank in (0, 1):
+        rows = ranks[rank]["rows"]
+        for t, (kind, row) in enumerate(zip(E_KINDS, rows), 1):
+            if kind == "local":  # no gradient allreduce, no overflow flag: nothing at all
+                assert row["calls"] == 0, (rank, t, row["calls"])
+            elif kind == "sync":  # the 1-bit exchange (4 collectives), and under fp16 the loss scale
+                assert row["calls"] == 4 + (precision == "fp16"), (rank, t, row["calls"])
+            elif kind == "onebit":  # the 1-bit exchange and the wrapper's overflow flag
+                assert row["calls"] == 5, (rank, t, row["calls"])
+            assert row["schedule"]["step"] == t  # the skipped step counts on rank 1 too
+    zero, one = ranks[0]["rows"], ranks[1]["rows"]
+    assert (ranks[0]["skipped"], ranks[1]["skipped"]) == (0, 1)
+    assert zero[OVERFLOW_STEP - 1]["moved"] and not one[OVERFLOW_STEP - 1]["moved"]
+    for t, (a, b) in enumerate(zip(zero, one), 1):  # one schedule, one lr, one Λ on both ranks
+        assert (a["schedule"], a["lr"], a["synced"]) == (b["schedule"], b["lr"], b["synced"]), t
+        if a["synced"]:  # and the same parameters after every sync, the skipped step's too
+            assert torch.equal(a["params"], b["params"]), t
+    next_sync = next(t for t in range(OVERFLOW_STEP + 1, E_STEPS + 1) if E_KINDS[t - 1] == "sync")
+    assert not torch.equal(zero[OVERFLOW_STEP - 1]["params"], one[OVERFLOW_STEP - 1]["params"])
+    if precision == "fp16":  # rank 1 halved its scale alone; at the next sync both take it
+        assert one[OVERFLOW_STEP - 1]["loss_scale"] == zero[OVERFLOW_STEP - 1]["loss_scale"] / 2
+        assert zero[next_sync - 1]["loss_scale"] == one[next_sync - 1]["loss_scale"] == one[OVERFLOW_STEP - 1]["loss_scale"]

@@ -255,10 +255,51 @@ class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
     def attach(self, engine, optimizer, model) -> list[str]:
         lines = super().attach(engine, optimizer, model)
         warning = optimizer.short_variance_warning()
+        self.local_stage = False  # whether the step under way is a local-stage step
+        self.loss_scale = getattr(engine.optimizer, "loss_scale_config", None)
+        if self.loss_scale is not None and not self.loss_scale.dynamic_loss_scale:
+            self.loss_scale = None  # bf16, or a static fp16 scale: nothing to reconcile
         # step by step, the optimizer says whether the engine allreduces the next step's gradients
-        optimizer.engine_allreduce = lambda on: setattr(engine, "enable_backward_allreduce", on)
+        optimizer.engine_allreduce = self._engine_allreduce
         optimizer.engine_allreduce(optimizer.next_step_allreduced())
         return [warning] if warning else lines
+
+    def _engine_allreduce(self, allreduced: bool) -> None:
+        """Off only on the variance stage's 1-bit steps. In the local-step stage it stays on and
+        backward runs under engine.no_sync() instead (micro_batch): no gradient allreduce either
+        way, but with it on DeepSpeed's fp16/bf16 wrapper does not allreduce its overflow flag, so
+        a local step sends nothing and each rank skips its own overflows (after_step)."""
+        self.engine.enable_backward_allreduce = allreduced or self.optimizer.frozen
+
+    def start_step(self, logged: bool) -> None:
+        self.local_stage = self.optimizer.frozen
+        super().start_step(logged)
+
+    def micro_batch(self, boundary: bool):
+        return self.engine.no_sync() if self.local_stage else contextlib.nullcontext()
+
+    def grads_averaged(self) -> bool:
+        return self.engine.enable_backward_allreduce and not self.local_stage
+
+    def after_step(self, step: int, last: bool) -> None:
+        if not self.local_stage:
+            return
+        if not self.engine.was_step_applied():  # this rank's own overflow: the step counts all the same
+            self.optimizer.skipped_local_step()
+            if self.engine.lr_scheduler is not None:  # DeepSpeed does not step it on a skipped step
+                self.engine.lr_scheduler.step()
+        if self.optimizer.synced_last_step and self.loss_scale is not None:
+            self._agree_on_the_loss_scale()
+
+    def _agree_on_the_loss_scale(self) -> None:
+        """At a sync, under a dynamic fp16 loss scale: every rank takes the smallest scale and the
+        latest overflow, so the next raise waits a whole window after any rank's overflow and the
+        ranks leave the sync alike (a checkpoint there resumes every rank as it was). 16 bytes."""
+        config = self.loss_scale
+        last = config.last_overflow_iter if config.last_overflow_iter is not None else -1
+        agreed = torch.tensor([float(config.cur_scale), -float(last)], dtype=torch.float64, device=self.engine.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        config.cur_scale, config.last_overflow_iter = float(agreed[0]), int(-agreed[1])
 
     def resume(self, state: dict, rank_state: dict, where) -> None:
         super().resume(state, rank_state, where)

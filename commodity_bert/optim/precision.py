@@ -7,6 +7,7 @@ Reading `cur_scale` alone gave 1.0 under fp16, so the metric lied and bucket-wis
 measured norms 2^16 too large."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -20,6 +21,34 @@ def current_loss_scale(optimizer) -> float:
     if config is not None:
         return float(config.cur_scale) if getattr(config, "use_grad_scaling", True) else 1.0
     return float(getattr(optimizer, "cur_scale", 1.0))
+
+
+@functools.cache
+def deepspeed_scales_stage0_fp16_losses() -> bool:
+    """Whether this DeepSpeed's engine.backward() multiplies the loss by the loss scale under fp16
+    at ZeRO stage 0. 0.19's does not (it scales for ZeRO's optimizers only), while its
+    FP16_Optimizer and FP16_UnfusedOptimizer still divide the gradients by the scale in step():
+    DeepSpeed PR #8393, open as of 2026-11, adds the missing branch, naming `fp16_enabled()` in
+    engine.backward, which 0.19.8's backward never calls. Read from the source so that a
+    DeepSpeed with the fix is not scaled twice."""
+    import inspect
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    return "fp16_enabled()" in inspect.getsource(DeepSpeedEngine.backward)
+
+
+def loss_for_backward(engine, loss: torch.Tensor) -> torch.Tensor:
+    """The loss to give engine.backward(): under fp16 at ZeRO stage 0, where DeepSpeed leaves the
+    loss unscaled (above), multiplied by the wrapper's loss scale. Unscaled, every update came
+    out the scale (65,536 at the start) times too small and small gradients underflowed fp16:
+    measured on an H200, `tiny` with 0/1 Adam in fp16 logged a gradient norm of 2.4e-5 where fp32
+    logs 1.6. Elsewhere the loss as it is."""
+    if not engine.fp16_enabled() or engine.zero_optimization():
+        return loss
+    config = getattr(engine.optimizer, "loss_scale_config", None)
+    if config is None or getattr(engine.optimizer, "custom_loss_scaler", False) or deepspeed_scales_stage0_fp16_losses():
+        return loss
+    return loss * config.cur_scale if config.use_grad_scaling else loss
 
 
 def is_priming_step(optimizer: torch.optim.Optimizer) -> bool:

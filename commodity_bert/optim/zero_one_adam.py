@@ -5,9 +5,14 @@ Written here because DeepSpeed deleted its ZeroOneAdam in 2026 (it needed CUDA a
 refused ZeRO, and restarted its schedules and error feedback at every checkpoint load). This one
 runs over any torch.distributed backend and its whole state is in its checkpoints.
 
-Steps t = 1, 2, … (DeepSpeed's fp16/bf16 priming call is not one; overflow-skipped steps are
-not steps, on every rank alike: the wrapper agrees on overflows whenever the engine's allreduce is
-off).
+Steps t = 1, 2, … (DeepSpeed's fp16/bf16 priming call is not one). Overflows under fp16/bf16:
+in the variance stage a skipped step is not a step, on every rank alike (the engine's allreduce,
+or on 1-bit steps the wrapper's overflow flag, makes the ranks agree). In the local-step stage the
+ranks do not agree, which would cost a round trip at every local step: each rank's wrapper skips
+its own overflows, and the step still counts on that rank (`skipped_local_step`: t, Λ and T_u
+advance, the rank adds nothing to u and keeps its parameters, and it joins the sync of a step of
+T_u), so every rank stays on one schedule; comm/mode.py keeps the lr schedule and, under fp16,
+the loss scale in step.
 
 Variance stage (t ≤ var_freeze_step). The variance is updated only on the steps of T_v, from the
 gradient the engine allreduced in full precision there; T_v's gaps start at 1 and double after
@@ -221,8 +226,6 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _local_stage_step(self, t: int) -> None:
         grads = self._grads()
-        lr_now = self.param_groups[0]["lr"]
-        self.schedule["lr_sum"] += lr_now
         for (group, p), g in zip(self._params(), grads):
             state = self.state[p]
             state["exp_avg"].lerp_(g * state["exp_avg_sq"].ne(0), 1 - group["betas"][0])  # see _mask
@@ -231,6 +234,24 @@ class ZeroOneAdam(torch.optim.Optimizer):
             if group["weight_decay"]:
                 update.add_(p.float(), alpha=group["weight_decay"])
             p.add_((-group["lr"] * update).to(p.dtype))
+        self._end_local_step(t)
+
+    @torch.no_grad()
+    def skipped_local_step(self) -> None:
+        """This rank's fp16/bf16 wrapper skipped a local-stage step for an overflow in its own
+        gradients (the other ranks may have stepped): the step counts all the same, with no update
+        from this rank (see the module's docstring)."""
+        if not self.frozen:
+            raise RuntimeError("skipped_local_step outside the local-step stage: there the ranks agree on overflows")
+        t = self.schedule["step"] + 1
+        self.schedule["step"] = t
+        self._end_local_step(t)
+        self._tell_engine()
+
+    def _end_local_step(self, t: int) -> None:
+        """What every rank does at every local-stage step, stepped or skipped: Λ and T_u advance,
+        and the ranks sync on the steps of T_u."""
+        self.schedule["lr_sum"] += self.param_groups[0]["lr"]
         sync = t % self.schedule["local_interval"] == 0
         if sync:
             self._one_bit_sync()

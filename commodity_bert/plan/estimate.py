@@ -162,7 +162,9 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
                     compress_s=compute.compress_s_per_param * params,
                     freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
-                    log_every=log_every, wrapped=precision_of(config) != "fp32", notes=notes, **extra)
+                    log_every=log_every, wrapped=precision_of(config) != "fp32",
+                    loss_scaled=precision_of(config) == "fp16" and not config["fp16"].get("loss_scale", 0),
+                    notes=notes, **extra)
 
 
 ZERO_ONE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")

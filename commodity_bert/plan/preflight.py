@@ -238,7 +238,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     from commodity_bert.comm.grad_norm import gradient_norm
     from commodity_bert.model.bert import PretrainingModel, build_model
     from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
-    from commodity_bert.optim.precision import current_loss_scale
+    from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
     from commodity_bert.optim.build import build_optimizer
 
     torch.manual_seed(0)
@@ -259,7 +259,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
         sync(device)
         start = time.perf_counter()
         loss, _ = engine(batch)
-        engine.backward(loss)
+        engine.backward(loss_for_backward(engine, loss))
         sync(device)
         middle = time.perf_counter()
         if local_sync_group is not None:

@@ -29,8 +29,10 @@ Communication, per step, over the slowest link of a ring:
   zero_one_adam  0/1 Adam's steps, by its own schedule (zero_one_adam.step_kinds): "full"
               (a variance step: as lamb), "onebit" (the 1-bit exchange of the gradient, as
               1-bit LAMB's), "local" (no exchange) and "sync" (a local step, then the 1-bit
-              exchange). Under fp16/bf16 every step but "full" also pays DeepSpeed's wrapper's
-              overflow-flag allreduce: one latency-bound round (1 byte).
+              exchange). Under fp16/bf16 the "onebit" steps also pay DeepSpeed's wrapper's
+              overflow-flag allreduce, one latency-bound round (1 byte); local steps pay none
+              (each rank skips its own overflows) and, under a dynamic fp16 loss scale, a sync
+              one more for the ranks to agree on the scale (16 bytes).
   diloco      H − 1 inner steps with no communication at all, then an outer step: the pseudo-
               gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 (1 byte a
               parameter plus a 4-byte scale per 256, in an all-to-all and an all-gather), and
@@ -134,6 +136,7 @@ class Workload:
     bucket_bytes: float = 25 * 2**20  # bucket-wise clipping's bucket (fp32)
     log_every: int = 0          # train.py's --log-every (0: not counted)
     wrapped: bool = False       # fp16/bf16 through DeepSpeed's wrapper (its overflow-flag round)
+    loss_scaled: bool = False   # fp16 with a dynamic loss scale (0/1 Adam's syncs agree on it)
     # 0/1 Adam: var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper
     zero_one_schedule: tuple[int, int, int, int] = (100000, 16, 32678, 16)
     inner_steps: int = 50       # DiLoCo's H
@@ -202,8 +205,10 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         seconds = net.allreduce_s(size, nodes, gpus_per_node)
         return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
     if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
-        seconds = net.allreduce_s(1.0, nodes, gpus_per_node) if flag else 0.0
-        sent, rounds = (ring_allreduce_bytes(1.0, world), 1) if flag else (0.0, 0)
+        agree = (flag and stage == "onebit", 1.0), (work.loss_scaled and world > 1 and stage == "sync", 16.0)
+        seconds = sum(net.allreduce_s(size, nodes, gpus_per_node) for on, size in agree if on)
+        sent = sum(ring_allreduce_bytes(size, world) for on, size in agree if on)
+        rounds = sum(on for on, _ in agree)
         if stage in ("onebit", "sync"):
             compute += work.compress_s
         if stage in ("onebit", "sync") and world > 1:
