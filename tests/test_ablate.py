@@ -107,7 +107,7 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     proc = subprocess.run([*BERT_ABLATE, "--base", str(TINY), "--vary", "optimizer.type=Nonesuch,Lamb",
                            "--data", str(train_data), "--model", "tiny", "--ranks", "2", "--samples", "128",
                            "--train-args", "--num-workers 1", "--out", str(out), "--downstream", "embedded:party",
-                           "--downstream-args", ("--seeds 1 2 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
+                           "--downstream-args", ("--seeds 1 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
                                                  "--batch-size 64 --threads 2")],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -118,7 +118,7 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     assert good["status"] == "finished" and good["final_val_mlm_acc"] is not None
     assert "Nonesuch" in (out / "results.md").read_text()
     probe = json.loads((Path(good["run_dir"]) / "downstream.json").read_text())
-    assert probe["task"] == "embedded:party" and probe["lr"] == 1e-3 and len(probe["per_seed"]) == 2
+    assert probe["task"] == "embedded:party" and probe["lr"] == 1e-3 and len(probe["per_seed"]) == 1
     assert good["downstream"]["median"] == probe["median"] and "downstream" not in bad
     assert good["downstream"]["bag_of_words"] == probe["bag_of_words"]["value"] > 0.5
     assert good["downstream"]["linear_probe"] == probe["linear_probe"]["pretrained"]["value"] > 0.5
