@@ -108,7 +108,7 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
                            "--data", str(train_data), "--model", "tiny", "--ranks", "2", "--samples", "128",
                            "--train-args", "--num-workers 1", "--out", str(out), "--downstream", "embedded:party",
                            "--downstream-args", ("--seeds 1 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
-                                                 "--batch-size 64 --threads 2")],
+                                                 "--batch-size 64 --threads 1")],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     results = {r["variant"]: r for r in json.loads((out / "results.json").read_text())}

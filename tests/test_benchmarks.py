@@ -57,7 +57,7 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
 def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small):
     out = tmp_path / "result.json"
     proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--model", "tiny", "--input", sotu_small,
-                           "--minutes", "0.1", "--eval-every-s", "2", "--project-eval-every", "4",
+                           "--minutes", "0.1", "--eval-every-s", "2", "--project-eval-every", "2",
                            "--warmup-steps", "2", "--work", str(tmp_path / "work"), "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,10 +15,10 @@ from commodity_bert.finetune import metrics, tasks
 from commodity_bert.finetune.cli import main as finetune_main
 from commodity_bert.finetune.watch import companion_command
 
-FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2",
+FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "1",
         "--lr", "5e-5", "--min-steps", "0"]
 # --lr auto on a small task: two rates, three epochs each, no minimum
-SELECT = ["--seeds", "1", "--epochs", "3", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "2",
+SELECT = ["--seeds", "1", "--epochs", "3", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "1",
           "--min-steps", "0", "--lr-grid", "1e-4", "1e-3"]
 
 
@@ -493,7 +493,7 @@ def test_the_chosen_lr_follows_what_the_case_needs(small, run30):
     import torch
 
     from commodity_bert.finetune import models, selection, trainer
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # as conftest.py sets every test's processes
     pretrained = models.load(run30)
     chosen = {}
     for case, noise, epochs in (("clean, short", 0.0, 3), ("noisy, long", 0.3, 20)):
