@@ -39,10 +39,11 @@ def deepspeed_scales_stage0_fp16_losses() -> bool:
 
 def loss_for_backward(engine, loss: torch.Tensor) -> torch.Tensor:
     """The loss to give engine.backward(): under fp16 at ZeRO stage 0, where DeepSpeed leaves the
-    loss unscaled (above), multiplied by the wrapper's loss scale. Unscaled, every update came
-    out the scale (65,536 at the start) times too small and small gradients underflowed fp16:
-    measured on an H200, `tiny` with 0/1 Adam in fp16 logged a gradient norm of 2.4e-5 where fp32
-    logs 1.6. Elsewhere the loss as it is."""
+    loss unscaled (above), multiplied by the wrapper's loss scale. Unscaled, the gradients reached
+    the optimizer the scale (65,536 at the start) times too small, and fp16 lost the protection
+    the scale gives small gradients: on an H200, `tiny` in fp16 logged a gradient norm of 3.0e-5
+    at step 10 where fp32 logs 1.9 (benchmarks/RESULTS.md, 2026-11-26). Elsewhere the loss as it
+    is."""
     if not engine.fp16_enabled() or engine.zero_optimization():
         return loss
     config = getattr(engine.optimizer, "loss_scale_config", None)
