@@ -366,6 +366,7 @@ def main() -> None:
     stopped_by = "max steps"
     data_iter = iter(batches)
     trimmer = HeapTrimmer(args.trim_host_memory_every)
+    scaled = loss_for_backward(engine)  # fp16 at ZeRO stage 0: the loss scale DeepSpeed 0.19 leaves out
     engine.train()
     try:
         while engine.global_steps < max_steps:
@@ -378,7 +379,7 @@ def main() -> None:
                 boundary = micro == accumulation - 1
                 with mode.micro_batch(boundary):
                     loss, stats = engine(batch)
-                    engine.backward(loss_for_backward(engine, loss))
+                    engine.backward(scaled(loss))
                 if boundary:
                     mode.after_backward()
                 engine.step()

@@ -210,7 +210,7 @@ def _sgd_engine_worker(rank, world, port, results, precision):
         x = x.half()
     masters = (engine.optimizer.fp32_groups[0] if precision == "fp16" else list(model.parameters()))
     before = torch.cat([p.detach().float().reshape(-1) for p in masters]).cpu()
-    engine.backward(loss_for_backward(engine, engine(x).float().pow(2).mean()))
+    engine.backward(loss_for_backward(engine)(engine(x).float().pow(2).mean()))
     engine.step()
     after = torch.cat([p.detach().float().reshape(-1) for p in masters]).cpu()
     results[rank] = {"update": after - before, "skipped": engine.skipped_steps}

@@ -183,6 +183,7 @@ def _engine_worker(rank, world, port, results, precision):
     mode.ready()
     mode.begin(contextlib.nullcontext)
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    scaled = loss_for_backward(engine)  # as train.py: the loss scale DeepSpeed leaves out at ZeRO 0
     rows = []
     for step in range(1, E_STEPS + 1):
         torch.manual_seed(1000 * rank + step)
@@ -191,7 +192,7 @@ def _engine_worker(rank, world, port, results, precision):
         with BytesCounter() as wire:
             mode.start_step(logged=False)
             with mode.micro_batch(True):
-                engine.backward(loss_for_backward(engine, engine(x).float()))
+                engine.backward(scaled(engine(x).float()))
                 if step == OVERFLOW_STEP and rank == 1:
                     model.hidden.weight.grad.view(-1)[0] = float("inf")
             mode.after_backward()

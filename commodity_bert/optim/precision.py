@@ -8,6 +8,7 @@ measured norms 2^16 too large."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,19 +38,18 @@ def deepspeed_scales_stage0_fp16_losses() -> bool:
     return "fp16_enabled()" in inspect.getsource(DeepSpeedEngine.backward)
 
 
-def loss_for_backward(engine, loss: torch.Tensor) -> torch.Tensor:
-    """The loss to give engine.backward(): under fp16 at ZeRO stage 0, where DeepSpeed leaves the
-    loss unscaled (above), multiplied by the wrapper's loss scale. Unscaled, the gradients reached
-    the optimizer the scale (65,536 at the start) times too small, and fp16 lost the protection
-    the scale gives small gradients: on an H200, `tiny` in fp16 logged a gradient norm of 3.0e-5
-    at step 10 where fp32 logs 1.9 (benchmarks/RESULTS.md, 2026-11-26). Elsewhere the loss as it
-    is."""
-    if not engine.fp16_enabled() or engine.zero_optimization():
-        return loss
+def loss_for_backward(engine) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What to apply to the loss before engine.backward(), decided once at set-up: under fp16 at
+    ZeRO stage 0, where DeepSpeed leaves the loss unscaled (above), multiply it by the wrapper's
+    current loss scale. Unscaled, the gradients reached the optimizer the scale (65,536 at the
+    start) times too small, and fp16 lost the protection the scale gives small gradients: on an
+    H200, `tiny` in fp16 logged a gradient norm of 3.0e-5 at step 10 where fp32 logs 1.9
+    (benchmarks/RESULTS.md, 2026-11-26). Elsewhere the loss as it is."""
     config = getattr(engine.optimizer, "loss_scale_config", None)
-    if config is None or getattr(engine.optimizer, "custom_loss_scaler", False) or deepspeed_scales_stage0_fp16_losses():
-        return loss
-    return loss * config.cur_scale if config.use_grad_scaling else loss
+    if (not engine.fp16_enabled() or engine.zero_optimization() or config is None or not config.use_grad_scaling
+            or getattr(engine.optimizer, "custom_loss_scaler", False) or deepspeed_scales_stage0_fp16_losses()):
+        return lambda loss: loss
+    return lambda loss: loss * config.cur_scale  # read at every call: the dynamic scale moves
 
 
 def is_priming_step(optimizer: torch.optim.Optimizer) -> bool:

@@ -246,6 +246,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     optimizer, parameters, ds_config = build_optimizer(config, model, device.type == "cuda")
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=ds_config)
     engine.enable_backward_allreduce = False
+    scaled = loss_for_backward(engine)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if compression_group is not None:
         optimizer.compressor = CompressedAllreduce(params, device, group=compression_group,
@@ -259,7 +260,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
         sync(device)
         start = time.perf_counter()
         loss, _ = engine(batch)
-        engine.backward(loss_for_backward(engine, loss))
+        engine.backward(scaled(loss))
         sync(device)
         middle = time.perf_counter()
         if local_sync_group is not None:
