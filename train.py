@@ -48,6 +48,7 @@ from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.train import checkpoint
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
+from commodity_bert.train.failures import lost_peer_line
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,
@@ -55,7 +56,7 @@ from commodity_bert.train.launch_checks import (
     check_deepspeed_config,
     load_deepspeed_config,
 )
-from commodity_bert.train.metrics import MetricsLogger
+from commodity_bert.train.metrics import MetricsLogger, without_our_monitors
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 
 
@@ -274,7 +275,8 @@ def main() -> None:
     ds_config = mode.deepspeed_config(ds_config)
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                   model_parameters=parameters, config=ds_config)
+                                                   model_parameters=parameters,
+                                                   config=without_our_monitors(ds_config))
     say(mode.attach(engine, optimizer, model))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
@@ -317,16 +319,19 @@ def main() -> None:
         export()
         dist.barrier()
         return
+    run_config = json.loads(json.dumps(
+        {"args": vars(args), "deepspeed_config": ds_config, "comm_mode": mode.name, "world_size": world,
+         "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         # the summary of an earlier launch would say "finished" while this one trains
         (run_dir / "summary.json").unlink(missing_ok=True)
-        (run_dir / "run_config.json").write_text(json.dumps(
-            {"args": vars(args), "deepspeed_config": ds_config, "comm_mode": mode.name, "world_size": world,
-             "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, indent=1, default=str))
+        (run_dir / "run_config.json").write_text(json.dumps(run_config, indent=1))
     if args.watch_downstream:
         start_watcher(args.watch_downstream, run_dir, rank)
-    metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps)
+    # metrics.jsonl, and the sinks of the config's tensorboard / csv_monitor / wandb blocks
+    metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps, ds_config=ds_config,
+                            run_config=run_config)
     stop = StopRequest()
     book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
                        log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
@@ -427,6 +432,7 @@ def main() -> None:
     hosts = [None] * world  # which machine each rank ran on, and its peak memory, for the record
     dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
     export()
+    summary = None
     if rank == 0:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
                    "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world, "hosts": [h for h, _ in hosts],
@@ -436,7 +442,7 @@ def main() -> None:
         tmp.write_text(json.dumps(summary, indent=1))
         tmp.replace(run_dir / "summary.json")
         print(f"done: {json.dumps(summary)}", flush=True)
-    metrics.close()
+    metrics.close(summary)
     dist.barrier()
 
 
@@ -446,9 +452,13 @@ if __name__ == "__main__":
         # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a
         # rank, paid by every launch; frozen, the collector skips them (0.15 s).
         gc.freeze()
-    except Exception:  # noqa: BLE001 - any failure, reported with its traceback
+    except Exception as exc:  # noqa: BLE001 - any failure: one line for a lost peer, else the traceback
         # A collective that failed (a peer died) must end this rank now: a normal exit would
         # join the data-loader workers, which wait on their queues for ever.
-        traceback.print_exc()
+        line = lost_peer_line(exc, os.environ.get("RANK", "?"), socket.gethostname())
+        if line:
+            print(line, file=sys.stderr)
+        else:
+            traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)

@@ -355,6 +355,18 @@ def _split_summary(cfg: PrepConfig, split: str, scatter: dict, shards: list[dict
     }
 
 
+def describe_source(path: str) -> dict:
+    """What an input was, for the record (a model card names its data by these): its size and
+    sha256; for a directory (a `save_to_disk` data set), the sha256 of its files' names and sha256s."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        listing = "".join(f"{f.relative_to(p)}\0{fmt.sha256_file(f)}\n" for f in files)
+        return {"path": str(p.resolve()), "bytes": sum(f.stat().st_size for f in files), "files": len(files),
+                "sha256": hashlib.sha256(listing.encode()).hexdigest()}
+    return {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": fmt.sha256_file(p)}
+
+
 def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -> dict:
     from data_prep import __version__
     return {
@@ -371,6 +383,7 @@ def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -
         "num_strata": cfg.num_strata,
         "strata_bounds": fmt.strata_bounds(cfg.seq_len, cfg.num_strata),
         "input": {"documents": sum(scatter["documents"].values()), "tokens": scatter["tokens_in"]},
+        "sources": [describe_source(path) for path in cfg.inputs],
         "skipped_lines": scatter["skipped"],
         "splits": {s: _split_summary(cfg, s, scatter, shards[s]) for s in SPLITS},
     }

@@ -1,29 +1,137 @@
-"""Training metrics: rank 0 appends one JSON object per log step to RUN/metrics.jsonl and
-writes the same scalars to TensorBoard (RUN/tensorboard).
+"""Training metrics: rank 0 appends one JSON object per log step to RUN/metrics.jsonl and sends
+the same scalars wherever the DeepSpeed config's monitor blocks say:
 
-The file describes one run's history: a resumed run drops the rows of steps after its
-checkpoint (they are about to be trained again; TensorBoard's purge_step does the same for
-its events), and a fresh start in a directory that holds a finished run's metrics moves them
-aside to metrics.jsonl.<time> instead of mixing two runs in one file."""
+    "tensorboard": {"enabled": true, "output_path": "...", "job_name": "..."}  default RUN/tensorboard
+    "csv_monitor": {"enabled": true, "output_path": "...", "job_name": "..."}  default RUN/csv_monitor
+    "wandb":       {"enabled": true, "project": "...", "team": "...", "group": "..."}
+
+With no monitor block at all, TensorBoard in RUN/tensorboard, as before. A `comet` block is left
+to DeepSpeed's engine (its own loss, lr and loss-scale events); the project's metrics do not go there.
+
+Why the project reads DeepSpeed's blocks and writes the sinks itself instead of handing its
+events to the engine's MonitorMaster (train.py removes the blocks before DeepSpeed sees them):
+- one x axis: the engine logs its own events against samples, the project against optimizer
+  steps, and wandb drops any event whose step is lower than one it has seen;
+- a resumed run goes on from its checkpoint: the rows of steps after it are about to be trained
+  again, so the history drops them (TensorBoard's purge_step, the CSV files cut back, wandb
+  resumed as the same run, which ignores steps it already has) and a fresh start in a directory
+  that holds a finished run moves its metrics.jsonl aside instead of mixing two runs in one file;
+  DeepSpeed's writers open a new TensorBoard file, append to the CSV files and start a new wandb
+  run at every launch;
+- the run's config and its final summary belong on the wandb run (DeepSpeed's sends neither).
+"""
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
 import time
+import uuid
 from pathlib import Path
+
+MONITOR_BLOCKS = ("tensorboard", "csv_monitor", "wandb", "comet")
+OURS = ("tensorboard", "csv_monitor", "wandb")
+
+
+def without_our_monitors(ds_config: dict) -> dict:
+    """The config for deepspeed.initialize: the blocks the project writes itself taken out."""
+    return {k: v for k, v in ds_config.items() if k not in OURS}
+
+
+def enabled_blocks(ds_config: dict) -> dict[str, dict]:
+    """The monitor blocks that are on; with none set at all, TensorBoard."""
+    if not any(name in ds_config for name in MONITOR_BLOCKS):
+        return {"tensorboard": {"enabled": True}}
+    return {name: ds_config[name] for name in OURS if isinstance(ds_config.get(name), dict)
+            and ds_config[name].get("enabled", False)}
+
+
+def metric_name(key: str) -> str:
+    return f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: Path, start_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1)
+
+    def write(self, step: int, scalars: dict) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(metric_name(key), value, step)
+        self.writer.flush()
+
+    def close(self, summary: dict | None) -> None:
+        self.writer.close()
+
+
+class CsvSink:
+    """DeepSpeed's csv_monitor layout: one file per metric, `step,NAME` rows (train_loss.csv: step,loss)."""
+
+    def __init__(self, directory: Path, start_step: int):
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in directory.glob("*.csv"):  # a resume: cut back to the checkpoint's step
+            lines = path.read_text().splitlines()
+            kept = lines[:1] + [line for line in lines[1:] if line.split(",", 1)[0].isdigit()
+                                and int(line.split(",", 1)[0]) <= start_step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+
+    def write(self, step: int, scalars: dict) -> None:
+        for key, value in scalars.items():
+            path = self.directory / (metric_name(key).replace("/", "_") + ".csv")
+            new = not path.exists()
+            with open(path, "a", newline="") as fh:
+                writer = csv.writer(fh)
+                if new:
+                    writer.writerow(["step", key.removeprefix("val_")])
+                writer.writerow([step, value])
+
+    def close(self, summary: dict | None) -> None:
+        pass
+
+
+class WandbSink:
+    """One wandb run per RUN directory: its id is kept in RUN/wandb_run_id, so a relaunched or
+    requeued run logs on into the same run. WANDB_MODE=offline keeps it on disk (RUN/wandb/)."""
+
+    def __init__(self, block: dict, run_dir: Path, run_config: dict):
+        import wandb
+        id_file = run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id + "\n")
+        self.run = wandb.init(project=block.get("project") or "commodity-bert", entity=block.get("team"),
+                              group=block.get("group"), name=run_dir.resolve().name, id=run_id, resume="allow",
+                              dir=str(run_dir), config=run_config)
+
+    def write(self, step: int, scalars: dict) -> None:
+        self.run.log({metric_name(k): v for k, v in scalars.items()}, step=step)
+
+    def close(self, summary: dict | None) -> None:
+        if summary:
+            self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        self.run.finish()
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0):
+    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0, ds_config: dict | None = None,
+                 run_config: dict | None = None):
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
-        self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self._start_history_at(start_step)
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1)
+        self.sinks: list = []
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._start_history_at(start_step)
+        for name, block in enabled_blocks(ds_config or {}).items():
+            if name == "wandb":
+                self.sinks.append(WandbSink(block, run_dir, run_config or {}))
+                continue
+            default = run_dir / name
+            directory = Path(block.get("output_path") or default) / (block.get("job_name") or "")
+            self.sinks.append((TensorBoardSink if name == "tensorboard" else CsvSink)(directory, start_step))
 
     def _start_history_at(self, start_step: int) -> None:
         if not self.path.exists():
@@ -50,12 +158,12 @@ class MetricsLogger:
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(f"train/{key}" if not key.startswith("val_") else f"val/{key[4:]}",
-                                       value, row["step"])
-        self.writer.flush()
+        scalars = {k: v for k, v in row.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for sink in self.sinks:
+            sink.write(row["step"], scalars)
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, summary: dict | None = None) -> None:
+        for sink in self.sinks:
+            sink.close(summary)
+        self.sinks = []
