@@ -43,6 +43,7 @@ from commodity_bert.model.bert import (
     executed_training_flops,
     load_pretrained,
 )
+from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
@@ -154,6 +155,17 @@ def parameters_identical_across_ranks(module, device) -> bool:
     return all(torch.equal(every[0], d) for d in every)
 
 
+def device_name(device: torch.device) -> str:
+    """What the rank ran on, for the record: the GPU's name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}"
+    return "CPU"
+
+
 def say(lines: list[str]) -> None:
     """Lines for the user, once (rank 0)."""
     if dist.get_rank() == 0:
@@ -217,6 +229,7 @@ def main() -> None:
     problem = None
     try:
         ds_config = load_deepspeed_config(args.deepspeed_config)
+        given_config = json.loads(json.dumps(ds_config))  # for the record: the file as it was given
         total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
         manifest = fmt.load_manifest(args.data)
         data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
@@ -320,7 +333,8 @@ def main() -> None:
         dist.barrier()
         return
     run_config = json.loads(json.dumps(
-        {"args": vars(args), "deepspeed_config": ds_config, "comm_mode": mode.name, "world_size": world,
+        {"args": vars(args), "deepspeed_config": given_config, "deepspeed_config_effective": ds_config,
+         "comm_mode": mode.name, "world_size": world,
          "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -430,18 +444,24 @@ def main() -> None:
     data_iter.close()
     identical = parameters_identical_across_ranks(model, device)
     hosts = [None] * world  # which machine each rank ran on, and its peak memory, for the record
-    dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                   device_name(device)))
     export()
     summary = None
     if rank == 0:
         summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
-                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world, "hosts": [h for h, _ in hosts],
-                   "peak_rss_mb": [round(mb, 1) for _, mb in hosts],
+                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world,
+                   "hosts": [h for h, _, _ in hosts],
+                   "peak_rss_mb": [round(mb, 1) for _, mb, _ in hosts], "devices": [d for _, _, d in hosts],
                    "params_identical_across_ranks": identical, **last_eval}
         tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
         tmp.write_text(json.dumps(summary, indent=1))
         tmp.replace(run_dir / "summary.json")
         print(f"done: {json.dumps(summary)}", flush=True)
+        try:
+            write_card(run_dir)  # hf_model/README.md, from the records just written
+        except (OSError, KeyError, ValueError, ImportError) as exc:  # the model is exported; the card is extra
+            print(f"warning: no model card ({type(exc).__name__}: {exc})", flush=True)
     metrics.close(summary)
     dist.barrier()
 

@@ -125,6 +125,9 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     table = (out / "results.md").read_text()
     assert "downstream" in table and f"{100 * probe['median']:.2f}" in table and "bag of words" in table
     assert f"linear probe {100 * probe['linear_probe']['pretrained']['value']:.2f}" in table
+    card = (Path(good["run_dir"]) / "hf_model" / "README.md").read_text()  # rewritten with the fine-tuning row
+    assert f"| embedded:party | final | {probe['metric']} | {100 * probe['median']:.1f}% |" in card
+    assert f"value: {round(probe['median'], 4)}" in card                 # and in the Hub's metadata
 
 
 def test_grid_and_bad_input(tmp_path, train_data, capsys):

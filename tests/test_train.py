@@ -57,6 +57,34 @@ def test_exported_model_answers_fill_mask(run30):
     assert len(answers) == 5 and all(a["token_str"] for a in answers)
 
 
+def test_model_card_says_how_the_model_was_made(run30, data):
+    """RUN/hf_model/README.md from the run's records: Hugging Face's metadata, the data's sources
+    and shards by sha256, what trained it and how long, and the command that trains it again."""
+    import re
+
+    from huggingface_hub import ModelCard
+    card = ModelCard.load(run30 / "hf_model" / "README.md")
+    summary = json.loads((run30 / "summary.json").read_text())
+    assert (card.data.pipeline_tag, card.data.library_name) == ("fill-mask", "transformers")
+    [result] = card.data.eval_results
+    assert result.metric_name == "masked-LM accuracy" and result.metric_value == round(summary["val_mlm_acc"], 4)
+    manifest = load_manifest(data)
+    for split in ("train", "validation"):
+        for shard in manifest["splits"][split]["shards"]:
+            assert shard["sha256"] in card.text
+    [source] = manifest["sources"]                                     # the corpus file, hashed by data prep
+    assert source["sha256"] in card.text and f"{source['bytes']:,}" in card.text
+    assert "| steps | 30 (max steps) |" in card.text and f"| samples | {30 * 64:,} |" in card.text
+    assert "| ranks | 2 on 1 host(s)" in card.text and "| hardware | CPU: " in card.text
+    assert "| optimizer | Lamb " in card.text and "| precision | fp32 |" in card.text
+    assert f"{100 * summary['val_mlm_acc']:.2f}%" in card.text
+    command = re.search(r"```bash\n(.*)\n```", card.text).group(1)
+    assert command.startswith(f"deepspeed --num_gpus 2 train.py --deepspeed_config {CPU_CONFIG} --data {data} ")
+    assert "--max-steps 30" in command and "--model tiny" in command
+    recorded = json.loads(re.search(r"```json\n(.*?)\n```", card.text, re.S).group(1))
+    assert recorded == json.loads((run30 / "run_config.json").read_text())
+
+
 def test_resume_equals_uninterrupted(tmp_path, data, run30):
     """fp32 LAMB as shipped (the bf16 path of every mode: test_comm_modes.py): run30 as if killed
     after its step-20 checkpoint with its history up to step 25 and a torn line; the relaunch

@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs
+from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 
 # settings that must be the same for every run in one ABL directory, or the comparison is not one
@@ -368,6 +369,8 @@ def run_ablation(args: argparse.Namespace) -> None:
             problem = run_downstream(run, args.downstream, args.downstream_args)
             if problem:
                 print(f"{head}: downstream failed: {problem}", flush=True)
+            else:
+                refresh_card(run.run_dir, lambda line: print(f"{head}: {line}", flush=True))
         write_outputs(ablation)
         if stop["asked"]:
             print(f"stopped; results so far: {out / 'results.md'}", flush=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from commodity_bert.train import checkpoint as ckpt
 from commodity_bert.finetune import models
 from commodity_bert.finetune.cli import evaluate
+from commodity_bert.model.card import refresh_card
 
 ROWS = "downstream.jsonl"
 
@@ -146,6 +147,7 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
             if over:
                 log("the run has finished" if finished(run_dir, available) else
                     "training has ended" if stop_with_pid else "nothing more to probe")
+                refresh_card(run_dir, log)
                 return
             time.sleep(poll_seconds)
     finally:
