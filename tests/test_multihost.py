@@ -115,6 +115,8 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     failed_after = time.time() - died_at
     assert launcher.returncode != 0
     assert failed_after < 90, f"node1 took {failed_after:.0f} s to notice"  # not a 30-minute hang
+    assert "train.py: error: rank 0 on node1 lost a peer (" in output, output[-3000:]  # one line, no traceback
+    assert "Traceback" not in output
     saved = int(latest.read_text().removeprefix("step_"))
     assert saved >= 8, output[-3000:]
 

@@ -191,3 +191,26 @@ def test_a_node_that_dies_ends_the_run_in_one_line_and_the_job_comes_back_when_i
     wait_for(lambda: resumed_at(log_of(tmp_path, job), run), 180, "the requeued job", lambda: log_of(tmp_path, job))
     slurm.run("scancel", job)
     assert resumed_at(log_of(tmp_path, job), run) == [saved]
+
+
+def test_bert_ablate_submits_its_runs_as_a_job_array_and_the_report_after_them(slurm, train_data, tmp_path,
+                                                                              out_of_time):
+    """--slurm: one array task per run (here a good variant and one whose optimizer does not
+    exist), each through pretrain.sbatch on a node of its own, then the report job."""
+    out = tmp_path / "ABL"
+    proc = slurm.run(str(BERT_LAUNCH.parent / "bert-ablate"), "--base", str(CPU_CONFIG),
+                     "--vary", "optimizer.type=Nonesuch,Lamb", "--data", str(train_data), "--model", "tiny",
+                     "--ranks", "1", "--samples", "256", "--train-args", "--num-workers 1", "--out", str(out),
+                     "--slurm", "--sbatch-args", "--time 10", cwd=REPO)
+    array, report = re.search(r"job array (\d+) \(2 runs.*report job (\d+) after it", proc.stdout).groups()
+    assert f"afterany:{array}" in slurm.job(report)["Dependency"]
+    fields = slurm.wait(report, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    assert fields["JobState"] == "COMPLETED", (out / f"slurm-report-{report}.out").read_text()
+    results = {r["variant"]: r for r in json.loads((out / "results.json").read_text())}
+    good, bad = results["cpu_tiny_lamb__type=Lamb"], results["cpu_tiny_lamb__type=Nonesuch"]
+    assert good["status"] == "finished" and good["final_val_mlm_acc"] is not None
+    assert bad["status"] == "failed" and "Nonesuch" in bad["error"] and "train.py: error:" in bad["error"]
+    summary = json.loads((Path(good["run_dir"]) / "summary.json").read_text())
+    assert summary["step"] == 256 // 32 and summary["stopped_by"] == "max steps"
+    assert "pretrain.sbatch: finished at step 8" in (Path(good["run_dir"]) / "train.log").read_text()
+    assert "Nonesuch" in (out / "results.md").read_text()

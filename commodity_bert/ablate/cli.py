@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from commodity_bert.ablate import grid, report, runs
+from commodity_bert.ablate import grid, report, runs, slurm
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 
@@ -76,6 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     judge.add_argument("--downstream-args", default="--seeds 1 2 3",
                        help="bert-finetune flags for --downstream (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="the ablation's directory, ABL")
+    p.add_argument("--slurm", action="store_true", help="submit the unfinished runs as a Slurm job array (each "
+                   "through recipes/slurm/pretrain.sbatch) and the report as a job after it, then return")
+    p.add_argument("--sbatch-args", default="", metavar="ARGS",
+                   help="sbatch options for --slurm's jobs, e.g. \"--partition gpu --gpus-per-node 8 --time 4:00:00\"")
     p.add_argument("--dry-run", action="store_true", help="write the configs and commands.sh, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild results and plots from ABL's runs, run nothing")
     args = p.parse_args(argv)
@@ -91,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise AblationError(f"--{name.replace('_', '-')} must be a positive integer, not {value}")
     if args.minutes is not None and args.minutes <= 0:
         raise AblationError(f"--minutes must be positive, not {args.minutes}")
+    if args.sbatch_args and not args.slurm:
+        raise AblationError("--sbatch-args goes with --slurm")
     if args.target is not None and args.target > 1:
         args.target /= 100
     return args
@@ -169,10 +175,19 @@ class Ablation:
         atomic_write(self.path, json.dumps(self.state, indent=1) + "\n")
 
 
+def failure_of(run: runs.Run, failures: dict) -> str | None:
+    """Why the run failed: bert-ablate's record, or the one its Slurm array task left (failed.json)."""
+    recorded = run.run_dir / "failed.json"
+    if recorded.exists():
+        slurm = json.loads(recorded.read_text())
+        return f"exit {slurm['exit']}: {slurm['error']}"
+    return failures.get(f"{run.variant}/{run.seed}")
+
+
 def status_of(run: runs.Run, failures: dict) -> str:
     if runs.is_finished(run):
         return "finished"
-    if f"{run.variant}/{run.seed}" in failures:
+    if failure_of(run, failures):
         return "failed"
     if runs.has_checkpoint(run) or run.log_path.exists():
         return "interrupted"
@@ -188,7 +203,7 @@ def write_outputs(ablation: Ablation) -> None:
                "run_dir": str(run.run_dir), "max_steps": run.max_steps,
                **runs.figures(run, settings.get("target"))}
         if status == "failed":
-            row["error"] = ablation.state["failures"][f"{run.variant}/{run.seed}"]
+            row["error"] = failure_of(run, ablation.state["failures"])
         downstream = run.run_dir / "downstream.json"
         if status == "finished" and downstream.exists():
             probe = json.loads(downstream.read_text())
@@ -297,12 +312,12 @@ def main(argv=None) -> None:
         print(f"bert-ablate: error: {exc}", file=sys.stderr)
         sys.exit(2)
     try:
-        run_ablation(args)
+        run_ablation(args, argv)
     finally:
         lock.close()
 
 
-def run_ablation(args: argparse.Namespace) -> None:
+def run_ablation(args: argparse.Namespace, argv: list[str] | None = None) -> None:
     try:
         ablation, planned = plan(args)
     except (AblationError, grid.GridError) as exc:
@@ -313,6 +328,20 @@ def run_ablation(args: argparse.Namespace) -> None:
     write_commands(ablation)
     print(f"{len(planned)} runs in {out} ({len({r.variant for r in planned})} variants × {len(args.seeds)} seeds); "
           f"commands: {out / 'commands.sh'}", flush=True)
+    if args.slurm and not args.report_only:
+        every = ablation.all_runs()
+        todo = [i for i, run in enumerate(every) if not runs.is_finished(run)]
+        if not todo:
+            write_outputs(ablation)
+            print(f"every run has finished: nothing to submit; results: {out / 'results.md'}", flush=True)
+            return
+        try:
+            print(slurm.submit(out, ablation.state["settings"], todo, sys.argv[1:] if argv is None else argv,
+                               args.sbatch_args, args.downstream, args.downstream_args, args.dry_run), flush=True)
+        except slurm.SlurmError as exc:
+            print(f"bert-ablate: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        return
     if args.dry_run or args.report_only:
         if args.report_only:
             write_outputs(ablation)
