@@ -70,6 +70,8 @@ class CsvSink:
 
     def __init__(self, directory: Path, start_step: int):
         self.directory = directory
+        if start_step == 0 and any(directory.glob("*.csv")):  # a fresh start: the earlier run's files aside
+            directory.rename(directory.with_name(f"{directory.name}.{time.strftime('%Y%m%d-%H%M%S')}"))
         directory.mkdir(parents=True, exist_ok=True)
         for path in directory.glob("*.csv"):  # a resume: cut back to the checkpoint's step
             lines = path.read_text().splitlines()
@@ -94,13 +96,15 @@ class CsvSink:
 
 
 class WandbSink:
-    """One wandb run per RUN directory: its id is kept in RUN/wandb_run_id, so a relaunched or
-    requeued run logs on into the same run. WANDB_MODE=offline keeps it on disk (RUN/wandb/)."""
+    """One wandb run per training run: its id is kept in RUN/wandb_run_id, so a relaunched or
+    requeued run that resumes logs on into the same wandb run; a fresh start (no checkpoint) in
+    the same directory is a new one. WANDB_MODE=offline keeps it on disk (RUN/wandb/)."""
 
-    def __init__(self, block: dict, run_dir: Path, run_config: dict):
+    def __init__(self, block: dict, run_dir: Path, run_config: dict, start_step: int):
         import wandb
         id_file = run_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:8]
+        resumed = start_step > 0 and id_file.exists()  # a fresh start in the same directory is a new run
+        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:8]
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(project=block.get("project") or "commodity-bert", entity=block.get("team"),
                               group=block.get("group"), name=run_dir.resolve().name, id=run_id, resume="allow",
@@ -127,7 +131,7 @@ class MetricsLogger:
         self._start_history_at(start_step)
         for name, block in enabled_blocks(ds_config or {}).items():
             if name == "wandb":
-                self.sinks.append(WandbSink(block, run_dir, run_config or {}))
+                self.sinks.append(WandbSink(block, run_dir, run_config or {}, start_step))
                 continue
             default = run_dir / name
             directory = Path(block.get("output_path") or default) / (block.get("job_name") or "")
