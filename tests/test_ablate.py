@@ -86,6 +86,7 @@ def test_vary_grid_reports_its_runs_own_numbers(interrupted_then_resumed):
         assert r["total_bytes"] == pytest.approx(sum(m["bytes_sent"] * (m["step"] - p["step"])
                                                      for p, m in zip([{"step": 0}] + logged, logged)))
         assert r["total_bytes"] > 0 and r["bytes_per_step"] == pytest.approx(r["total_bytes"] / 12)
+        assert r["total_bytes_received"] == pytest.approx(r["total_bytes"])  # 2 ranks, a ring: both ways alike
         assert r["seq_per_s"] > 0 and r["train_s"] > 0
         if r["samples_to_target"] is not None:
             first = next(m for m in metrics if m.get("val_mlm_acc", -1) >= 0.02)

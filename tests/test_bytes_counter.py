@@ -1,6 +1,7 @@
 """BytesCounter on 3 real gloo ranks: every collective, with its group, root and peers given by
 position or by keyword, on a subgroup that leaves rank 2 out, and the object collectives, each
-rank's count against the volumes of the model in BytesCounter's docstring."""
+rank's sent and received counts against the volumes of the model in BytesCounter's docstring,
+and over the ranks the received bytes against the sent."""
 import pickle
 
 import torch
@@ -191,37 +192,91 @@ def expected(me) -> dict[str, int]:
     }
 
 
+def expected_received(me) -> dict[str, int]:
+    """What each rank receives: the ring collectives as sent; a broadcast's other ranks the tensor
+    once; reduce's root the others' chunks besides its ring share; gather's destination, scatter's
+    other ranks and the receiving end of point-to-point what was sent to them."""
+    def ring(size, n):
+        return 2 * (n - 1) * size // n
+
+    in_sub = me in SUB
+    int64 = 8
+    max_gathered = max(pickled(gathered_obj(r)) for r in range(WORLD))
+    max_gathered_sub = max(pickled(gathered_obj(r)) for r in SUB)
+    broadcast_payload = int64 * len(BROADCAST_OBJS) + sum(pickled(o) for o in BROADCAST_OBJS)
+    max_scattered = max(pickled(o) for o in SCATTER_OBJS)
+    return {
+        "all_reduce": ring(SIZE, 3),
+        "all_reduce sub positional": ring(SIZE, 2) if in_sub else 0,
+        "all_reduce sub keyword": ring(SIZE, 2) if in_sub else 0,
+        "all_reduce_coalesced": ring(SIZE + SIZE // 2, 3),
+        "broadcast src=1": 0 if me == 1 else SIZE,
+        "broadcast sub positional": SIZE if me == 1 else 0,
+        "reduce dst=2": 2 * SIZE // 3 + (2 * (SIZE // 3) if me == 2 else 0),
+        "reduce sub positional": (SIZE // 2 + (SIZE // 2 if me == 1 else 0)) if in_sub else 0,
+        "all_gather": 2 * SIZE,
+        "all_gather sub positional": SIZE if in_sub else 0,
+        "all_gather_into_tensor sub": SIZE if in_sub else 0,
+        "all_gather_into_tensor kept from before install": 2 * SIZE,
+        "reduce_scatter_tensor": ring(SIZE, 3),
+        "reduce_scatter sub positional": ring(SIZE, 2) if in_sub else 0,
+        "all_to_all_single": 2 * SIZE // 3,
+        "all_to_all_single uneven splits": 4 * 4 * sum(split_rows(i, me) for i in range(WORLD) if i != me),
+        "all_to_all lists": (WORLD - 1) * 100 * 4,
+        "gather dst=1": 2 * SIZE if me == 1 else 0,
+        "gather sub positional": SIZE if me == 0 else 0,
+        "gather, to rank 0 by default": 2 * SIZE if me == 0 else 0,
+        "scatter src=2": 0 if me == 2 else SIZE,
+        "send 0→2, recv": SIZE if me == 2 else 0,
+        "send 1→0 on sub positional": SIZE if me == 0 else 0,
+        "isend 1→2, irecv": SIZE if me == 2 else 0,
+        "batch_isend_irecv ring": SIZE,
+        "batch_isend_irecv, ops built before install": SIZE,
+        "all_gather_object": 2 * (int64 + max_gathered),
+        "broadcast_object_list src=0": 0 if me == 0 else broadcast_payload,
+        "gather_object sub": (int64 + (max_gathered_sub if me == 0 else 0)) if in_sub else 0,
+        "scatter_object_list src=1": 0 if me == 1 else int64 + max_scattered + int64,
+        "send_object_list 0→1": int64 * len(SENT_OBJS) + sum(pickled(o) for o in SENT_OBJS) if me == 1 else 0,
+    }
+
+
 def _worker(rank, port, results):
     _join_gloo(rank, WORLD, port)
     sub = dist.new_group(list(SUB))
     before = {(module, name): getattr(module, name) for module in (dist, c10d) for name in WRAPPED}
     kept = dist.all_gather_into_tensor                # as DeepSpeed's backend keeps it, before the counter
     early_ops = [dist.P2POp(dist.isend, f32(), (rank + 1) % WORLD), dist.P2POp(dist.irecv, f32(), (rank - 1) % WORLD)]
-    counted = {}
+    counted, received = {}, {}
     with BytesCounter() as wire:
         wrapped = sum(getattr(module, name) is not function for (module, name), function in before.items())
         for name, case in cases(rank, sub, kept, early_ops).items():
             dist.barrier()                           # carries no payload: not counted
-            start = wire.total
+            start, start_received = wire.total, wire.received
             case()
             counted[name] = wire.total - start
+            received[name] = wire.received - start_received
     total_after = wire.total
     dist.all_reduce(f32())                           # uninstalled: no longer counted
     restored = all(getattr(module, name) is function for (module, name), function in before.items())
-    results[rank] = (counted, wrapped, restored, wire.total == total_after)
+    results[rank] = (counted, wrapped, restored, wire.total == total_after, received)
     dist.destroy_process_group()
 
 
-def test_every_collective_counts_what_its_rank_sends():
+def test_every_collective_counts_what_its_rank_sends_and_receives():
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(free_port(), results), nprocs=WORLD)
     for rank in range(WORLD):
-        counted, wrapped, restored, still_after_uninstall = results[rank]
+        counted, wrapped, restored, still_after_uninstall, received = results[rank]
+        assert received == expected_received(rank), f"rank {rank}: " + ", ".join(
+            f"{name}: received {received[name]}, model {bytes_}" for name, bytes_ in expected_received(rank).items()
+            if received.get(name) != bytes_)
         assert counted == expected(rank), f"rank {rank}: " + ", ".join(
             f"{name}: counted {counted[name]}, model {bytes_}" for name, bytes_ in expected(rank).items()
             if counted.get(name) != bytes_)
         assert wrapped == 2 * len(WRAPPED)           # in torch.distributed and in distributed_c10d's globals
         assert restored and still_after_uninstall
+    for name in expected(0):                          # over the ranks, what is received is what was sent
+        assert sum(results[r][0][name] for r in range(WORLD)) == sum(results[r][4][name] for r in range(WORLD)), name
 
 
 def test_broadcast_volume_is_gloos_binomial_tree():

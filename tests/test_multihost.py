@@ -141,22 +141,23 @@ def tx_reader(cluster, host: int):
     millisecond of the moment it is wanted."""
     net = Path(f"/proc/{cluster.pids(host)[0]}/net")
 
-    def read() -> tuple[int, int, int]:
+    def read() -> tuple[int, ...]:
         tcp = [line.split() for line in (net / "snmp").read_text().splitlines() if line.startswith("Tcp:")]
         retransmitted = int(tcp[1][tcp[0].index("RetransSegs")])
         for line in (net / "dev").read_text().splitlines():
             name, _, fields = line.partition(":")
             if name.strip() == "eth0":
-                tx = fields.split()[8:10]   # 8 receive fields, then transmitted bytes and packets
-                return int(tx[0]), int(tx[1]), retransmitted
+                counters = fields.split()   # received bytes and packets first, 8 fields, then transmitted
+                return int(counters[8]), int(counters[9]), retransmitted, int(counters[0]), int(counters[1])
         raise LookupError(f"no eth0 in {net / 'dev'}")
     return read
 
 
 @pytest.mark.parametrize("config", ["cpu_tiny_lamb.json", "cpu_tiny_adamw_zero2_bf16.json", "cpu_tiny_diloco_lamb.json",
                                     "cpu_tiny_zero_one_adam.json"])
-def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, config):
-    """The metrics' bytes_sent (BytesCounter's model) against what node1's eth0 really sent over the
+def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp_path, config):
+    """The metrics' bytes_sent and bytes_received (BytesCounter's model) against what node1's eth0
+    really sent and received over the
     steps of a run: LAMB's gradient allreduce, ZeRO-2's reduce and all-gather (through functions
     DeepSpeed took before the counter was installed, which the counter once missed), DiLoCo's outer
     steps (every 2nd step here) with nothing between, and 0/1 Adam's variance steps and 1-bit
@@ -177,11 +178,12 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
                                "--master_addr", cluster.addresses[0], "--master_port", "29616", "train.py", *args],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
-    metrics, tx_at_step = run / "metrics.jsonl", {}   # step → node1's tx bytes when its row was the newest
+    peer = tx_reader(cluster, 1)
+    metrics, tx_at_step = run / "metrics.jsonl", {}   # step → node1's counters when its row was the newest
     while nodes[0].poll() is None:
         rows = metrics.read_text().splitlines() if metrics.exists() else []
         if rows and (step := json.loads(rows[-1])["step"]) not in tx_at_step:
-            tx_at_step[step] = tx()
+            tx_at_step[step] = (*tx(), peer()[2])   # and node2's resent segments, which node1 receives
         time.sleep(0.005)
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     for node, output in zip(nodes, outputs):
@@ -198,3 +200,11 @@ def test_bytes_sent_matches_the_interface_counters(cluster, data, tmp_path, conf
     # the payload: the counted collectives, what TCP resent, and the metrics' own small
     # collectives and gloo's framing (0.2% measured with nothing resent)
     assert counted <= payload <= counted * 1.005 + resent * MSS
+    # received: node1 takes in what node2 sends it, and what node2's TCP resent
+    got = {r["step"]: r["bytes_received"] for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
+    counted_in = sum(got[s] for s in range(first + 1, last + 1))
+    wire_in, packets_in, resent_in = (tx_at_step[last][k] - tx_at_step[first][k] for k in (3, 4, 5))
+    payload_in = wire_in - HEADER_BYTES * packets_in
+    print(f"{config}: bytes_received {counted_in:,.0f}; eth0 received {wire_in:,} in {packets_in:,} packets "
+          f"({resent_in} resent by node2), {payload_in:,} without headers")
+    assert counted_in <= payload_in <= counted_in * 1.005 + resent_in * MSS

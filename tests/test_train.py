@@ -36,7 +36,8 @@ def test_parameters_identical_on_all_ranks(run30):
 def test_metrics_tensorboard_and_checkpoints(run30):
     row = rows(run30)[-1]
     for key in ("step", "samples", "loss", "mlm_acc", "nsp_acc", "lr", "loss_scale", "grad_norm", "seq_per_s",
-                "tokens_per_s", "tflops", "data_wait_s", "bytes_sent", "comm_rounds", "val_mlm_acc", "val_loss"):
+                "tokens_per_s", "tflops", "data_wait_s", "bytes_sent", "bytes_received", "comm_rounds", "val_mlm_acc",
+                "val_loss"):
         assert isinstance(row[key], (int, float)), key
     assert row["samples"] == 30 * 64 and row["grad_norm"] > 0 and row["tokens_per_s"] > row["seq_per_s"]
     # DeepSpeed's gradient allreduce, in buckets; the loop's own collectives are left out

@@ -1,4 +1,4 @@
-"""Bytes this rank sends over the network, counted for every collective whoever calls it."""
+"""Bytes this rank sends and receives over the network, counted for every collective whoever calls it."""
 from __future__ import annotations
 
 import functools
@@ -100,6 +100,49 @@ _SENT: dict[str, Volume] = {
     "irecv": lambda a, n, me: 0,
     "batch_isend_irecv": _batch_sent,
 }
+def _received_from_peer(a, n: int, me: int) -> int:
+    source = a["src"] if a["src"] is not None or a["group_src"] is not None else None
+    peer = _group_rank(a["group"], a["src"], a["group_src"]) if source is not None else None
+    return 0 if peer == me else _nbytes(a["tensor"])  # src None: from any rank
+
+
+def _batch_received(a, n: int, me: int) -> int:
+    return sum(_nbytes(op.tensor) for op in a["p2p_op_list"]
+               if op.op.__name__ == "irecv" and op.group_peer != me)
+
+
+def _all_to_all_single_received(a, n: int, me: int) -> int:
+    tensor, splits = a["output"], a["output_split_sizes"]
+    if not splits:
+        return (n - 1) * _nbytes(tensor) // n
+    row = _nbytes(tensor) // tensor.shape[0]
+    return row * (sum(splits) - splits[me])
+
+
+# bytes one rank receives: what the others send it, by the same algorithms (over a group, the
+# sum of what its ranks receive is the sum of what they send)
+_RECEIVED: dict[str, Volume] = {
+    **{name: _SENT[name] for name in ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_single",
+                                      "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced",
+                                      "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+                                      "_reduce_scatter_base")},  # symmetric: each rank receives what it sends
+    # the ring reduce-scatter's share, and on the root every other rank's reduced chunk
+    "reduce": lambda a, n, me: (n - 1) * _nbytes(a["tensor"]) // n + (
+        (n - 1) * (_nbytes(a["tensor"]) // n) if me == _group_rank(a["group"], a["dst"], a["group_dst"]) else 0),
+    "broadcast": lambda a, n, me: 0 if me == _group_rank(a["group"], a["src"], a["group_src"]) else _nbytes(
+        a["tensor"]),
+    "all_to_all_single": _all_to_all_single_received,
+    "all_to_all": lambda a, n, me: _nbytes([t for i, t in enumerate(a["output_tensor_list"]) if i != me]),
+    "gather": lambda a, n, me: 0 if me != _group_rank(a["group"], a["dst"], a["group_dst"], 0) else _nbytes(
+        [t for i, t in enumerate(a["gather_list"]) if i != me]),
+    "scatter": lambda a, n, me: 0 if me == _group_rank(a["group"], a["src"], a["group_src"], 0) else _nbytes(
+        a["tensor"]),
+    "send": lambda a, n, me: 0,
+    "isend": lambda a, n, me: 0,
+    "recv": _received_from_peer,
+    "irecv": _received_from_peer,
+    "batch_isend_irecv": _batch_received,
+}
 # Object collectives pickle their objects into byte tensors and move them (and their sizes) with the
 # collectives above, which they call through the module's globals: those calls are what is counted.
 _COUNTED_INSIDE = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
@@ -111,7 +154,7 @@ def _group_of(a: dict):
 
 
 class BytesCounter:
-    """Counts the bytes this rank's collectives send, whoever calls them (DeepSpeed's gradient
+    """Counts the bytes this rank's collectives send and receive, whoever calls them (DeepSpeed's gradient
     allreduce, ZeRO's reduce and all-gather, the 1-bit exchange, object collectives), by wrapping
     torch.distributed's functions.
 
@@ -140,12 +183,18 @@ class BytesCounter:
       gather                  the rank's tensor, except on the destination (0)
       scatter                 every chunk but its own, from the source; 0 from the others
       send, isend             size (0 to itself); recv, irecv 0; batch_isend_irecv its isends
+    Received, by the same algorithms: what a rank sends in a ring (allreduce, all-gather,
+    reduce-scatter) it also receives; a broadcast's ranks other than the source receive the tensor
+    once; reduce's root receives the other ranks' chunks besides its ring share; gather's
+    destination and scatter's other ranks receive what the others send them; recv, irecv and the
+    irecvs of batch_isend_irecv their tensors. Over a group the received bytes sum to the sent.
     Barriers carry no payload and are not counted. tests/test_multihost.py checks the figures
     against the hosts' interface counters in a training run.
     """
 
     def __init__(self):
-        self.total = 0
+        self.total = 0     # bytes sent: `bytes_sent`
+        self.received = 0  # bytes received: `bytes_received`
         self.calls = 0  # collective calls this rank took part in (outermost only): `comm_rounds`
         self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
         self._depth = threading.local()  # this counter's nesting depth per thread
@@ -158,7 +207,7 @@ class BytesCounter:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            counted = self._counted(original, _SENT.get(name))
+            counted = self._counted(original, _SENT.get(name), _RECEIVED.get(name))
             for module in (c10d, dist):
                 if getattr(module, name, None) is original:
                     setattr(module, name, counted)
@@ -176,7 +225,7 @@ class BytesCounter:
     def __exit__(self, *exc):
         self.uninstall()
 
-    def _counted(self, original: Callable, volume: Volume | None) -> Callable:
+    def _counted(self, original: Callable, volume: Volume | None, received: Volume | None) -> Callable:
         signature = inspect.signature(original)
         batch = original.__name__ == "batch_isend_irecv"
 
@@ -188,6 +237,7 @@ class BytesCounter:
                 _point_ops_to_current_functions(args, kwargs)
             depth = getattr(self._depth, "value", 0)
             sent = self._volume(signature, volume, args, kwargs) if depth == 0 else None
+            got = self._volume(signature, received, args, kwargs) if sent is not None else None
             self._depth.value = depth + 1
             try:
                 result = original(*args, **kwargs)
@@ -196,6 +246,7 @@ class BytesCounter:
             if sent is not None:
                 with self._lock:
                     self.total += sent
+                    self.received += got or 0
                     self.calls += 1
             return result
         return counted

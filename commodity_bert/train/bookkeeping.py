@@ -80,9 +80,10 @@ class Bookkeeping:
         self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
         self.grad_norm: torch.Tensor | None = None
         self.grad_norm_per_rank = False  # grad_norm is this rank's own (see the module's docstring)
-        self.unlogged_bytes, self.unlogged_calls = 0, 0  # the loop's own traffic, not training's
+        self.unlogged_bytes, self.unlogged_received, self.unlogged_calls = 0, 0, 0  # the loop's own traffic
         self.window_started, self.evaluating_at_start = time.time(), self.evaluating
         self.bytes_at_start, self.calls_at_start = self.wire.total, self.wire.calls
+        self.received_at_start = self.wire.received
 
     def next_batch(self, batches):
         waited = time.perf_counter()
@@ -105,12 +106,13 @@ class Bookkeeping:
     @contextlib.contextmanager
     def unlogged(self):
         """Collectives inside are the loop's own (decisions, gradient norm, evaluation, saving),
-        left out of `bytes_sent` and `comm_rounds`, which describe training's traffic."""
-        total, calls = self.wire.total, self.wire.calls
+        left out of `bytes_sent`, `bytes_received` and `comm_rounds`, which describe training's traffic."""
+        total, received, calls = self.wire.total, self.wire.received, self.wire.calls
         try:
             yield
         finally:
             self.unlogged_bytes += self.wire.total - total
+            self.unlogged_received += self.wire.received - received
             self.unlogged_calls += self.wire.calls - calls
 
     # ---- decisions
@@ -162,6 +164,7 @@ class Bookkeeping:
     def row(self, step: int, samples: int, lr: float, loss_scale: float) -> dict:
         """The window's metrics (collectives: call on every rank), then a fresh window."""
         bytes_sent = (self.wire.total - self.bytes_at_start - self.unlogged_bytes) / self.steps
+        bytes_received = (self.wire.received - self.received_at_start - self.unlogged_received) / self.steps
         comm_rounds = (self.wire.calls - self.calls_at_start - self.unlogged_calls) / self.steps
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
@@ -183,7 +186,7 @@ class Bookkeeping:
                "tokens_per_s": totals["real_tokens"] / seconds,
                "tflops": total_flops / seconds / 1e12,
                "data_wait_s": self.data_wait / self.steps,
-               "bytes_sent": bytes_sent, "comm_rounds": comm_rounds}
+               "bytes_sent": bytes_sent, "bytes_received": bytes_received, "comm_rounds": comm_rounds}
         if totals["nsp_count"]:
             row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
         self._reset_window()  # after the row's own collectives: they are not the next window's
