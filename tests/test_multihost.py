@@ -154,14 +154,17 @@ def tx_reader(cluster, host: int):
 
 
 @pytest.mark.parametrize("config", ["cpu_tiny_lamb.json", "cpu_tiny_adamw_zero2_bf16.json", "cpu_tiny_diloco_lamb.json",
-                                    "cpu_tiny_zero_one_adam.json"])
+                                    "cpu_tiny_zero_one_adam.json", "cpu_tiny_lamb_bucketwise_clip.json",
+                                    "cpu_tiny_onebit_lamb.json"])
 def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp_path, config):
     """The metrics' bytes_sent and bytes_received (BytesCounter's model) against what node1's eth0
     really sent and received over the
     steps of a run: LAMB's gradient allreduce, ZeRO-2's reduce and all-gather (through functions
     DeepSpeed took before the counter was installed, which the counter once missed), DiLoCo's outer
     steps (every 2nd step here) with nothing between, and 0/1 Adam's variance steps and 1-bit
-    exchanges (its freeze comes after this run's 8 steps). Each node is
+    exchanges (its freeze comes after this run's 8 steps), and bucket-wise clipping and 1-bit LAMB's
+    compressed stage, whose logged gradient norm once sent a whole fp32 allreduce at every step
+    logged (hidden from bytes_sent; every step is logged here). Each node is
     launched on its own (--no_ssh), so no launcher traffic crosses the link; node1's counter is read
     as each metrics row appears, when the step's collectives are done and the next step's are still a
     forward and backward away."""
@@ -169,6 +172,8 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     ds_config = json.loads((REPO / "ds_configs" / config).read_text())
     if "diloco" in ds_config.get("commodity_bert", {}):
         ds_config["commodity_bert"]["diloco"]["inner_steps"] = 2
+    if ds_config["optimizer"]["type"] == "OneBitLamb":
+        ds_config["optimizer"]["params"]["freeze_step"] = 2  # steps 3-8 compressed
     (tmp_path / config).write_text(json.dumps(ds_config))
     args = ["--deepspeed_config", str(tmp_path / config), "--data", str(data), "--model", "tiny",
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",

@@ -47,7 +47,7 @@ class CommMode:
     default mode, and what every hook does where a mode changes nothing there."""
 
     name = "allreduce"
-    ranks_step_alone = False  # each rank steps on its own gradients (its own norm, combined per row)
+    ranks_step_alone = False  # each rank steps on its own gradients between exchanges
 
     @staticmethod
     def enabled(config: dict) -> bool:
@@ -115,13 +115,12 @@ class CommMode:
         return self.engine.enable_backward_allreduce
 
     def _gradient_norm(self) -> tuple:
-        """Before clipping and the optimizer step. Where the ranks step alone each takes its own
-        gradient's norm, which the logged row combines (bookkeeping.py): no gradient-sized
+        """Before clipping and the optimizer step. Where backward has not averaged the gradients
+        (bucket-wise clipping, 1-bit LAMB after its freeze, 0/1 Adam, DiLoCo) each rank takes its
+        own gradient's norm, which the logged row combines (bookkeeping.py): no gradient-sized
         allreduce just for the metrics."""
-        averaged = self.grads_averaged()
-        own = self.ranks_step_alone and not averaged
-        with self.unlogged():
-            return gradient_norm(self.params, current_loss_scale(self.engine.optimizer), averaged or own), own
+        own = not self.grads_averaged()
+        return gradient_norm(self.params, current_loss_scale(self.engine.optimizer)), own
 
     # ---- evaluation, export, checkpoints, metrics
     def shared_model(self):

@@ -268,7 +268,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
                      else engine._get_gradients_for_reduction()[0])
             engine.allreduce_no_retain(grads, dp_group=local_sync_group, dp_world_size=1)
             # train.py reads the gradient norm at every step where DeepSpeed averaged the gradients
-            gradient_norm(model.parameters(), current_loss_scale(engine.optimizer), averaged=True)
+            gradient_norm(model.parameters(), current_loss_scale(engine.optimizer))
             sync(device)
         synced = time.perf_counter()
         engine.step()

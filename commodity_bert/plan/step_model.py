@@ -37,10 +37,10 @@ Communication, per step, over the slowest link of a ring:
               gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 (1 byte a
               parameter plus a 4-byte scale per 256, in an all-to-all and an all-gather), and
               the outer update's passes over the parameters (counted as one optimizer step).
-  logged steps: where gradients are never averaged in full but the ranks train one model
-              (bucketwise; 1-bit LAMB once compressed) train.py's gradient norm allreduces the
-              fp32 gradient at every logged step: 1/log_every of a full allreduce per step,
-              outside `bytes_sent`. (DiLoCo and 0/1 Adam log the ranks' own norms: no traffic.)
+  logged steps: the gradient norm of the metrics costs nothing on the wire in any mode (where
+              gradients are never averaged in full, the ranks' own norms are combined in the
+              row's small allreduce); those latency-bound rows, two small allreduces every
+              `log_every` steps, are not modelled.
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ class StepEstimate:
     comm_total_s: float         # all communication time, hidden or not
     bytes_per_rank: float       # bytes one rank sends per step for training (the metrics' bytes_sent)
     rounds: int                 # collectives per step
-    metrics_bytes: float = 0.0  # and for the logged gradient norm, per step on average
+    metrics_bytes: float = 0.0  # and for the metrics' gradient norm: none since it is each rank's own
 
     @property
     def step_s(self) -> float:
@@ -166,19 +166,9 @@ def accumulation_steps(work: Workload, world: int) -> int:
 def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
                   net: Network) -> StepEstimate:
     """One step of `optimizer` at `stage` (one of stage_steps' kinds: 'full' gradients,
-    'compressed' for 1-bit LAMB, 0/1 Adam's and DiLoCo's own),
-    with train.py's gradient norm at logged steps where the ranks' gradients were never
-    averaged in full (1-bit LAMB's compression stage, bucket-wise clipping): an fp32 allreduce
-    of the whole gradient every `log_every` steps (grad_norm.py)."""
-    est = _training_step(work, optimizer, stage, nodes, gpus_per_node, net)
-    world = nodes * gpus_per_node
-    unaveraged = optimizer == "bucketwise" or (optimizer == "onebit_lamb" and stage == "compressed")
-    if unaveraged and work.log_every and world > 1:
-        size = 4.0 * work.params
-        est.comm_s += net.allreduce_s(size, nodes, gpus_per_node) / work.log_every
-        est.comm_total_s += net.allreduce_s(size, nodes, gpus_per_node) / work.log_every
-        est.metrics_bytes = ring_allreduce_bytes(size, world) / work.log_every
-    return est
+    'compressed' for 1-bit LAMB, 0/1 Adam's and DiLoCo's own). The metrics' gradient norm sends
+    nothing (grad_norm.py); the logged rows' own two small allreduces are left out."""
+    return _training_step(work, optimizer, stage, nodes, gpus_per_node, net)
 
 
 def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
