@@ -2,8 +2,9 @@
 
 Each host is a network namespace with one interface, `eth0`, on a private /24, joined to the
 others by a bridge that lives in a namespace of its own (a "switch"), so nothing in the
-machine's own network namespace changes. Each host runs an sshd on its own address with a
-generated key; `bin/ssh` (put it first on PATH) is ssh with the cluster's config, so
+machine's own network namespace changes (with a delay, the hosts' eth0 are TAP devices of a
+user-space relay instead, tools/delay_relay.py: this kernel has no netem). Each host runs an sshd
+on its own address with a generated key; `bin/ssh` (put it first on PATH) is ssh with the cluster's config, so
 DeepSpeed's pdsh launcher, `mpirun` and plain `ssh node1` reach the hosts by name. Links can
 be limited (`tc`: rate, delay) to model a cluster's Ethernet.
 
@@ -64,6 +65,7 @@ class Cluster:
     slots: int
     index: int
     namespaces: list[str] = field(default_factory=list)
+    relay: dict | None = None  # {"rate": ..., "delay": ...}: links through tools/delay_relay.py
 
     # ------------------------------------------------------------------ use
     @property
@@ -117,8 +119,11 @@ class Cluster:
 
     def set_link(self, rate: str | None = None, delay: str | None = None, hosts: list[int] | None = None) -> None:
         """Limit every host's (or only `hosts`') egress on eth0, as its NIC would: rate like
-        '1gbit' (a token bucket, tbf), delay like '0.2ms' (netem, where the kernel has it);
-        neither: unlimited again."""
+        '1gbit' (a token bucket, tbf), delay like '0.2ms' (netem, where the kernel has it; where
+        not, bring the cluster up with `delay=`: the user-space relay); neither: unlimited again."""
+        if self.relay:
+            raise RuntimeError(f"this cluster's links are tools/delay_relay.py's ({self.relay}), set when it "
+                               f"came up: bring it up again to change them")
         for host in range(len(self.hosts)) if hosts is None else hosts:
             prefix = self.exec_prefix(host)
             _run(*prefix, "tc", "qdisc", "del", "dev", "eth0", "root", check=False, capture=True)
@@ -127,7 +132,8 @@ class Cluster:
                 out = _run(*prefix, "tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem",
                            "delay", delay, check=False, capture=True)
                 if out.returncode:
-                    raise RuntimeError(f"link delay needs the kernel's netem qdisc: {out.stderr.strip()}")
+                    raise RuntimeError(f"a link delay after `up` needs the kernel's netem qdisc ({out.stderr.strip()});"
+                                       f" bring the cluster up with delay= instead (tools/delay_relay.py)")
                 parent = ["parent", "1:1"]
             if rate:
                 # burst: enough tokens for 1 ms at the rate, at least 64 KiB; queue up to 50 ms
@@ -146,12 +152,16 @@ class Cluster:
         index = _free_index()
         names = [f"node{i + 1}" for i in range(hosts)]
         addresses = [f"{SUBNET_BASE}.{index}.{i + 1}" for i in range(hosts)]
-        cluster = cls(directory, names, addresses, slots, index)
+        relay = {"rate": rate, "delay": delay} if delay else None
+        cluster = cls(directory, names, addresses, slots, index, relay=relay)
         (directory / "cluster.json").write_text(json.dumps(
-            {"index": index, "hosts": names, "addresses": addresses, "slots": slots}))
+            {"index": index, "hosts": names, "addresses": addresses, "slots": slots, "relay": cluster.relay}))
         try:
-            cluster._build_network()
-            cluster.set_link(rate, delay)
+            if delay:  # the kernel here has no netem: the links go through a user-space relay
+                cluster._build_relayed_network(rate, delay)
+            else:
+                cluster._build_network()
+                cluster.set_link(rate)
             cluster._start_sshds()
         except BaseException:
             cluster.down()
@@ -176,6 +186,36 @@ class Cluster:
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+        for i in range(len(self.hosts)):  # the links are up once every host answers
+            target = self.addresses[(i + 1) % len(self.hosts)]
+            for _ in range(50):
+                if not _run(*self.exec_prefix(i), "ping", "-c1", "-W1", target, check=False,
+                            capture=True).returncode:
+                    break
+                time.sleep(0.1)
+
+    def _build_relayed_network(self, rate: str | None, delay: str) -> None:
+        """Each host's eth0 a TAP device of tools/delay_relay.py, which runs in the switch
+        namespace and delivers every frame after the sender's link (rate) and the delay."""
+        switch = f"cb{self.index}-switch"
+        for i, name in enumerate(self.hosts):
+            _run("ip", "netns", "add", f"cb{self.index}-{name}")
+            self.namespaces.append(f"cb{self.index}-{name}")
+        _run("ip", "netns", "add", switch)
+        self.namespaces.append(switch)
+        ready = self.directory / "relay.ready"
+        ready.unlink(missing_ok=True)
+        command = ["ip", "netns", "exec", switch, sys.executable, str(Path(__file__).with_name("delay_relay.py")),
+                   "--netns", ",".join(self.namespaces[:-1]), "--addresses", ",".join(self.addresses),
+                   "--delay", delay, "--ready", str(ready)] + (["--rate", rate] if rate else [])
+        with open(self.directory / "relay.log", "w") as log:
+            relay = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for _ in range(100):
+            if ready.exists() or relay.poll() is not None:
+                break
+            time.sleep(0.1)
+        if not ready.exists():
+            raise RuntimeError(f"the delay relay did not start: {(self.directory / 'relay.log').read_text()[-500:]}")
         for i in range(len(self.hosts)):  # the links are up once every host answers
             target = self.addresses[(i + 1) % len(self.hosts)]
             for _ in range(50):
@@ -238,7 +278,8 @@ class Cluster:
     @classmethod
     def load(cls, directory: Path) -> Cluster:
         info = json.loads((Path(directory) / "cluster.json").read_text())
-        cluster = cls(Path(directory).resolve(), info["hosts"], info["addresses"], info["slots"], info["index"])
+        cluster = cls(Path(directory).resolve(), info["hosts"], info["addresses"], info["slots"], info["index"],
+                      relay=info.get("relay"))
         cluster.namespaces = [f"cb{info['index']}-{h}" for h in info["hosts"]] + [f"cb{info['index']}-switch"]
         return cluster
 
@@ -258,7 +299,7 @@ def main() -> None:
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--slots", type=int, default=1)
     up.add_argument("--rate", help="link rate per host, e.g. 1gbit")
-    up.add_argument("--delay", help="one-way delay per host, e.g. 0.1ms")
+    up.add_argument("--delay", help="one-way delay per host, e.g. 20ms (through tools/delay_relay.py)")
     up.add_argument("--dir", required=True)
     down = sub.add_parser("down", help="tear a cluster down")
     down.add_argument("--dir", required=True)
