@@ -84,8 +84,12 @@ def test_lamb_in_bf16_tracks_fp32(mode_run, train_data, run30):
 def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
     run = mode_run("onebit_lamb").whole
     bf16, fp32 = by_step(run), by_step(onebit20)  # onebit20 logs every 5 steps
-    for step in (5, 10, 15):  # freeze after step 10
+    for step in (5, 10):  # before the freeze after step 10
         assert abs(window_loss(bf16, step) - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, fp32[step])
+    # After it, 1-bit compression amplifies the smallest differences (a sign flips): the fp32 run
+    # alone, launched twice with the same code, logged 9.4634 and 9.4506 at step 15 (and 9.7138,
+    # 9.7133 at step 5), so bf16 is held to 3x that spread there, not to 0.01.
+    assert abs(window_loss(bf16, 15) - fp32[15]["loss"]) < 0.04, fp32[15]
     # the freeze at the same step as in fp32 (DeepSpeed's priming step is not counted): warmup
     # sends bf16 gradients, half fp32's, the compression stage the same 1-bit momenta as fp32
     assert bf16[10]["bytes_sent"] == pytest.approx(fp32[10]["bytes_sent"] / 2, rel=1e-6)  # ring volumes, floored
