@@ -135,12 +135,23 @@ def cases(me, sub, cached_all_gather_into_tensor, early_ops):
     }
 
 
+def ring(size, n):
+    return 2 * (n - 1) * size // n
+
+
+def object_payloads() -> tuple[int, int, int, int, int]:
+    """What the object collectives move: an int64 size, the largest pickle gathered (of all, of the
+    subgroup), the broadcast's sizes and pickles, the largest pickle scattered."""
+    int64 = 8
+    return (int64, max(pickled(gathered_obj(r)) for r in range(WORLD)), max(pickled(gathered_obj(r)) for r in SUB),
+            int64 * len(BROADCAST_OBJS) + sum(pickled(o) for o in BROADCAST_OBJS),
+            max(pickled(o) for o in SCATTER_OBJS))
+
+
 def expected(me) -> dict[str, int]:
     """The model, rank by rank: ring allreduce 2(N−1)/N, gloo's reduce-scatter (an allreduce),
     all-gather (N−1)·chunk, gloo's binomial-tree broadcast, gloo's reduce (reduce-scatter, then
     each chunk to the root), the rest as sent."""
-    def ring(size, n):
-        return 2 * (n - 1) * size // n
 
     def tree_sends(n, rank, root):   # binomial tree of 3 or 2 ranks: the root sends to all others
         return n - 1 if rank == root else 0
@@ -150,11 +161,7 @@ def expected(me) -> dict[str, int]:
 
     in_sub = me in SUB
     sub_rank = SUB.index(me) if in_sub else None
-    int64 = 8
-    max_gathered = max(pickled(gathered_obj(r)) for r in range(WORLD))
-    max_gathered_sub = max(pickled(gathered_obj(r)) for r in SUB)
-    broadcast_payload = int64 * len(BROADCAST_OBJS) + sum(pickled(o) for o in BROADCAST_OBJS)
-    max_scattered = max(pickled(o) for o in SCATTER_OBJS)
+    int64, max_gathered, max_gathered_sub, broadcast_payload, max_scattered = object_payloads()
     return {
         "all_reduce": ring(SIZE, 3),
         "all_reduce sub positional": ring(SIZE, 2) if in_sub else 0,
@@ -196,15 +203,9 @@ def expected_received(me) -> dict[str, int]:
     """What each rank receives: the ring collectives as sent; a broadcast's other ranks the tensor
     once; reduce's root the others' chunks besides its ring share; gather's destination, scatter's
     other ranks and the receiving end of point-to-point what was sent to them."""
-    def ring(size, n):
-        return 2 * (n - 1) * size // n
 
     in_sub = me in SUB
-    int64 = 8
-    max_gathered = max(pickled(gathered_obj(r)) for r in range(WORLD))
-    max_gathered_sub = max(pickled(gathered_obj(r)) for r in SUB)
-    broadcast_payload = int64 * len(BROADCAST_OBJS) + sum(pickled(o) for o in BROADCAST_OBJS)
-    max_scattered = max(pickled(o) for o in SCATTER_OBJS)
+    int64, max_gathered, max_gathered_sub, broadcast_payload, max_scattered = object_payloads()
     return {
         "all_reduce": ring(SIZE, 3),
         "all_reduce sub positional": ring(SIZE, 2) if in_sub else 0,

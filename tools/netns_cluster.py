@@ -186,7 +186,11 @@ class Cluster:
             _run("ip", "-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
             _run("ip", "-n", ns, "link", "set", "eth0", "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-        for i in range(len(self.hosts)):  # the links are up once every host answers
+        self._wait_for_links()
+
+    def _wait_for_links(self) -> None:
+        """The links are up once every host answers the next one's ping."""
+        for i in range(len(self.hosts)):
             target = self.addresses[(i + 1) % len(self.hosts)]
             for _ in range(50):
                 if not _run(*self.exec_prefix(i), "ping", "-c1", "-W1", target, check=False,
@@ -216,13 +220,7 @@ class Cluster:
             time.sleep(0.1)
         if not ready.exists():
             raise RuntimeError(f"the delay relay did not start: {(self.directory / 'relay.log').read_text()[-500:]}")
-        for i in range(len(self.hosts)):  # the links are up once every host answers
-            target = self.addresses[(i + 1) % len(self.hosts)]
-            for _ in range(50):
-                if not _run(*self.exec_prefix(i), "ping", "-c1", "-W1", target, check=False,
-                            capture=True).returncode:
-                    break
-                time.sleep(0.1)
+        self._wait_for_links()
 
     def _start_sshds(self) -> None:
         d = self.directory
