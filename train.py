@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from commodity_bert.comm import mode as comm_mode
 from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.comm.topology import Topology
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
@@ -290,10 +291,11 @@ def main() -> None:
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters,
                                                    config=without_our_monitors(ds_config))
-    say(mode.attach(engine, optimizer, model))
+    topology = Topology.discover()  # which ranks share a node: the launcher's hostfile
+    say(mode.attach(engine, optimizer, model, topology))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
-    wire = BytesCounter().install()
+    wire = BytesCounter(topology.node_of).install()
     samples, clocks = 0, {}
     if resume_tag is not None:
         state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
@@ -350,7 +352,7 @@ def main() -> None:
     book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
                        log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
                        save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
-                       wire=wire, clocks=clocks)
+                       wire=wire, nodes=len(topology.nodes), clocks=clocks)
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),

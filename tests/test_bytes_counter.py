@@ -4,6 +4,8 @@ rank's sent and received counts against the volumes of the model in BytesCounter
 and over the ranks the received bytes against the sent."""
 import pickle
 
+import pytest
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -17,6 +19,7 @@ WORLD = 3
 NUMEL = 600            # float32: 2400 bytes, a multiple of 2 and 3 (equal chunks)
 SIZE = NUMEL * 4
 SUB = (0, 1)           # the subgroup; rank 2 is outside it
+NODE_OF = [0, 0, 1]    # ranks 0 and 1 share a node: the subgroup sends nothing between nodes
 WRAPPED = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_single",
            "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced", "reduce_scatter",
            "reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all_single",
@@ -247,27 +250,35 @@ def _worker(rank, port, results):
     before = {(module, name): getattr(module, name) for module in (dist, c10d) for name in WRAPPED}
     kept = dist.all_gather_into_tensor                # as DeepSpeed's backend keeps it, before the counter
     early_ops = [dist.P2POp(dist.isend, f32(), (rank + 1) % WORLD), dist.P2POp(dist.irecv, f32(), (rank - 1) % WORLD)]
-    counted, received = {}, {}
-    with BytesCounter() as wire:
+    counted, received, between = {}, {}, {}
+    with BytesCounter(NODE_OF) as wire:
         wrapped = sum(getattr(module, name) is not function for (module, name), function in before.items())
         for name, case in cases(rank, sub, kept, early_ops).items():
             dist.barrier()                           # carries no payload: not counted
             start, start_received = wire.total, wire.received
+            start_between = (wire.total_between, wire.received_between)
             case()
             counted[name] = wire.total - start
             received[name] = wire.received - start_received
+            between[name] = (wire.total_between - start_between[0], wire.received_between - start_between[1])
     total_after = wire.total
     dist.all_reduce(f32())                           # uninstalled: no longer counted
     restored = all(getattr(module, name) is function for (module, name), function in before.items())
-    results[rank] = (counted, wrapped, restored, wire.total == total_after, received)
+    results[rank] = (counted, wrapped, restored, wire.total == total_after, received, between)
     dist.destroy_process_group()
 
 
-def test_every_collective_counts_what_its_rank_sends_and_receives():
+@pytest.fixture(scope="module")
+def results():
+    """Every case on 3 ranks, once for the module's tests."""
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(free_port(), results), nprocs=WORLD)
+    return dict(results)
+
+
+def test_every_collective_counts_what_its_rank_sends_and_receives(results):
     for rank in range(WORLD):
-        counted, wrapped, restored, still_after_uninstall, received = results[rank]
+        counted, wrapped, restored, still_after_uninstall, received, _ = results[rank]
         assert received == expected_received(rank), f"rank {rank}: " + ", ".join(
             f"{name}: received {received[name]}, model {bytes_}" for name, bytes_ in expected_received(rank).items()
             if received.get(name) != bytes_)
@@ -288,3 +299,20 @@ def test_broadcast_volume_is_gloos_binomial_tree():
     from_3 = [3, 2, 1, 1, 0, 0, 0, 0]                   # counted from the source, rank 3
     assert [_broadcast_sends(8, rank, 3) for rank in range(8)] == from_3[-3:] + from_3[:-3]
     assert all(sum(_broadcast_sends(n, rank, 1 % n) for rank in range(n)) == n - 1 for n in range(1, 40))
+
+
+def test_bytes_between_nodes_are_conserved_and_none_inside_a_node(results):
+    """With ranks 0 and 1 on one node and rank 2 on another, of every collective's bytes: what
+    the ranks send to other nodes is what they receive from other nodes, the subgroup of one node
+    sends none, and rank 2's ring and direct traffic all crosses."""
+    for name in expected(0):
+        between = [results[r][5][name] for r in range(WORLD)]
+        assert sum(b[0] for b in between) == sum(b[1] for b in between), (name, between)
+        for r in range(WORLD):
+            assert between[r][0] <= results[r][0][name] and between[r][1] <= results[r][4][name], (name, r)
+        if "sub" in name:
+            assert between == [(0, 0)] * WORLD, (name, between)
+    rank2 = results[2]
+    for name in ("all_reduce", "all_gather", "all_to_all_single", "send 0→2, recv", "broadcast src=1"):
+        assert rank2[5][name] == (rank2[0][name], rank2[4][name]), name  # every byte of rank 2 crosses
+    assert results[0][5]["all_reduce"] == (ring(SIZE, 3) // 2, ring(SIZE, 3) // 2)  # one neighbour of two

@@ -36,12 +36,14 @@ def test_parameters_identical_on_all_ranks(run30):
 def test_metrics_tensorboard_and_checkpoints(run30):
     row = rows(run30)[-1]
     for key in ("step", "samples", "loss", "mlm_acc", "nsp_acc", "lr", "loss_scale", "grad_norm", "seq_per_s",
-                "tokens_per_s", "tflops", "data_wait_s", "bytes_sent", "bytes_received", "comm_rounds", "val_mlm_acc",
-                "val_loss"):
+                "tokens_per_s", "tflops", "data_wait_s", "bytes_sent", "bytes_received", "node_bytes_sent",
+                "node_bytes_received", "comm_rounds", "val_mlm_acc", "val_loss"):
         assert isinstance(row[key], (int, float)), key
     assert row["samples"] == 30 * 64 and row["grad_norm"] > 0 and row["tokens_per_s"] > row["seq_per_s"]
     # DeepSpeed's gradient allreduce, in buckets; the loop's own collectives are left out
     assert row["comm_rounds"] >= 1 and row["comm_rounds"] == int(row["comm_rounds"])
+    # both ranks on one node: nothing crosses between nodes
+    assert row["node_bytes_sent"] == row["node_bytes_received"] == 0 < row["bytes_sent"]
     assert list((run30 / "tensorboard").glob("events.out.tfevents.*"))
     checkpoints = run30 / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step_00000020", "step_00000030"]

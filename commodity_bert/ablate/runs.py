@@ -132,13 +132,13 @@ def figures(run: Run, target: float | None) -> dict:
     done = summary(run) or {}
     evals = [r for r in rows if "val_mlm_acc" in r]
     logged = [r for r in rows if "loss" in r]
-    total_bytes, total_received, previous_step = 0.0, 0.0, 0
+    totals, previous_step = dict.fromkeys(("bytes_sent", "bytes_received", "node_bytes_sent"), 0.0), 0
     for r in logged:  # each row holds its window's bytes per step
-        if r.get("bytes_sent") is not None:
-            total_bytes += r["bytes_sent"] * (r["step"] - previous_step)
-        if r.get("bytes_received") is not None:
-            total_received += r["bytes_received"] * (r["step"] - previous_step)
+        for field in totals:
+            if r.get(field) is not None:
+                totals[field] += r[field] * (r["step"] - previous_step)
         previous_step = r["step"]
+    total_bytes = totals["bytes_sent"]
     steps = logged[-1]["step"] if logged else 0
     reached = next((r for r in evals if target is not None and r["val_mlm_acc"] >= target), None)
     return {
@@ -156,7 +156,8 @@ def figures(run: Run, target: float | None) -> dict:
         "bytes_per_step": total_bytes / steps if steps else None,
         "bytes_per_step_last": logged[-1].get("bytes_sent") if logged else None,
         "total_bytes": total_bytes,
-        "total_bytes_received": total_received,  # rank 0's, as total_bytes is what it sent
+        "total_bytes_received": totals["bytes_received"],  # rank 0's, as total_bytes is what it sent
+        "total_node_bytes": totals["node_bytes_sent"],  # what a node's link sent, mean over nodes
         "curve": [{"step": r["step"], "samples": r["samples"], "elapsed_s": r.get("elapsed_s"),
                    "val_mlm_acc": r["val_mlm_acc"]} for r in evals],
         "loss_curve": [{"step": r["step"], "samples": r["samples"], "loss": r["loss"],

@@ -143,6 +143,110 @@ _RECEIVED: dict[str, Volume] = {
     "irecv": _received_from_peer,
     "batch_isend_irecv": _batch_received,
 }
+
+# ---- which of those bytes cross between nodes, on a group with ranks on several nodes and more than
+# one on some (a group within one node sends none between nodes; one of a rank per node, all).
+# `other(p)`: whether the group's rank p is on another node than this rank.
+def _ring_share(n: int, me: int, other) -> float:
+    """Ring collectives pass chunks to a neighbour: gloo's allreduce sends half each way round the
+    ring, its all-gather one way. Counted as half to each neighbour, which for a node's ranks
+    taken together (consecutive ranks, as launchers place them) is exact either way: the node's
+    link carries one rank's share in each direction."""
+    peers = {(me + 1) % n, (me - 1) % n}
+    return sum(other(p) for p in peers) / len(peers)
+
+
+def _ring_across(a, n, me, other, sent, received):
+    share = _ring_share(n, me, other)
+    return sent * share, received * share
+
+
+def _tree_parent(v: int) -> int:
+    """In the binomial tree counted from the source, rank v gets the tensor from v − 2^k, 2^k ≤ v < 2^(k+1)."""
+    return v - (1 << (v.bit_length() - 1))
+
+
+def _broadcast_across(a, n, me, other, sent, received):
+    root = _group_rank(a["group"], a["src"], a["group_src"])
+    v, size, step, out = (me - root) % n, _nbytes(a["tensor"]), 1, 0
+    while v + step < n:
+        if step > v:
+            out += size * other((v + step + root) % n)
+        step *= 2
+    return out, (size * other((_tree_parent(v) + root) % n) if v else 0)
+
+
+def _reduce_across(a, n, me, other, sent, received):
+    root, size = _group_rank(a["group"], a["dst"], a["group_dst"]), _nbytes(a["tensor"])
+    ring = (n - 1) * size // n * _ring_share(n, me, other)
+    if me == root:
+        return ring, ring + sum(size // n * other(p) for p in range(n) if p != me)
+    return ring + size // n * other(root), ring
+
+
+def _split_across(splits, rows_bytes, n, me, other):
+    return sum(rows_bytes * splits[p] * other(p) for p in range(n) if p != me)
+
+
+def _all_to_all_single_across(a, n, me, other, sent, received):
+    def across(tensor, splits):
+        if not splits:
+            return _nbytes(tensor) // n * sum(other(p) for p in range(n) if p != me)
+        return _split_across(splits, _nbytes(tensor) // tensor.shape[0], n, me, other)
+    return across(a["input"], a["input_split_sizes"]), across(a["output"], a["output_split_sizes"])
+
+
+def _listed_across(tensors, n, me, other):
+    return sum(_nbytes(t) * other(p) for p, t in enumerate(tensors) if p != me)
+
+
+def _peer_across(a, n, me, other, sent, received, key):
+    peer = None if a[key] is None and a[f"group_{key}"] is None else _group_rank(a["group"], a[key], a[f"group_{key}"])
+    crosses = other(peer) if peer is not None else True  # from any rank: counted as crossing
+    return sent * crosses, received * crosses
+
+
+def _batch_across(a, n, me, other, sent, received):
+    def total(kind):
+        return sum(_nbytes(op.tensor) * other(op.group_peer) for op in a["p2p_op_list"]
+                   if op.op.__name__ == kind and op.group_peer != me)
+    return total("isend"), total("irecv")
+
+
+def _gather_across(a, n, me, other, sent, received):
+    root = _group_rank(a["group"], a["dst"], a["group_dst"], 0)
+    if me != root:
+        return sent * other(root), 0
+    return 0, _listed_across(a["gather_list"], n, me, other)
+
+
+def _scatter_across(a, n, me, other, sent, received):
+    root = _group_rank(a["group"], a["src"], a["group_src"], 0)
+    if me != root:
+        return 0, received * other(root)
+    return _listed_across(a["scatter_list"], n, me, other), 0
+
+
+Across = Callable[[dict, int, int, Callable[[int], bool], int, int], tuple]
+_ACROSS: dict[str, Across] = {
+    **{name: _ring_across for name in ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_single",
+                                       "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced",
+                                       "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor",
+                                       "_reduce_scatter_base")},
+    "reduce": _reduce_across,
+    "broadcast": _broadcast_across,
+    "all_to_all_single": _all_to_all_single_across,
+    "all_to_all": lambda a, n, me, other, sent, received: (
+        _listed_across(a["input_tensor_list"], n, me, other), _listed_across(a["output_tensor_list"], n, me, other)),
+    "gather": _gather_across,
+    "scatter": _scatter_across,
+    "send": lambda a, n, me, other, sent, received: _peer_across(a, n, me, other, sent, received, "dst"),
+    "isend": lambda a, n, me, other, sent, received: _peer_across(a, n, me, other, sent, received, "dst"),
+    "recv": lambda a, n, me, other, sent, received: _peer_across(a, n, me, other, sent, received, "src"),
+    "irecv": lambda a, n, me, other, sent, received: _peer_across(a, n, me, other, sent, received, "src"),
+    "batch_isend_irecv": _batch_across,
+}
+
 # Object collectives pickle their objects into byte tensors and move them (and their sizes) with the
 # collectives above, which they call through the module's globals: those calls are what is counted.
 _COUNTED_INSIDE = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
@@ -192,13 +296,25 @@ class BytesCounter:
     against the hosts' interface counters in a training run.
     """
 
-    def __init__(self):
+    def __init__(self, node_of: list[int] | None = None):
         self.total = 0     # bytes sent: `bytes_sent`
         self.received = 0  # bytes received: `bytes_received`
+        # of those, the bytes to and from ranks on other nodes: `bytes_sent_between_nodes`, ...
+        self.total_between = 0
+        self.received_between = 0
+        self.node_of = node_of  # each global rank's node (comm/topology.py); None: a node per rank
+        self._group_nodes: dict = {}
         self.calls = 0  # collective calls this rank took part in (outermost only): `comm_rounds`
         self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
         self._depth = threading.local()  # this counter's nesting depth per thread
         self._lock = threading.Lock()
+
+    # the counters a metrics row reports, as a window's differences (train/bookkeeping.py)
+    FIELDS = {"bytes_sent": "total", "bytes_received": "received", "bytes_sent_between_nodes": "total_between",
+              "bytes_received_between_nodes": "received_between", "comm_rounds": "calls"}
+
+    def snapshot(self) -> dict[str, int]:
+        return {field: getattr(self, attribute) for field, attribute in self.FIELDS.items()}
 
     def install(self) -> BytesCounter:
         if self._replaced:
@@ -207,7 +323,7 @@ class BytesCounter:
             original = getattr(c10d, name, None)
             if original is None:
                 continue
-            counted = self._counted(original, _SENT.get(name), _RECEIVED.get(name))
+            counted = self._counted(original, name)
             for module in (c10d, dist):
                 if getattr(module, name, None) is original:
                     setattr(module, name, counted)
@@ -225,35 +341,38 @@ class BytesCounter:
     def __exit__(self, *exc):
         self.uninstall()
 
-    def _counted(self, original: Callable, volume: Volume | None, received: Volume | None) -> Callable:
+    def _counted(self, original: Callable, name: str) -> Callable:
         signature = inspect.signature(original)
         batch = original.__name__ == "batch_isend_irecv"
+        counts = name in _SENT
 
         @functools.wraps(original)
         def counted(*args, **kwargs):
-            if volume is None:                       # counted by what it calls
+            if not counts:                           # counted by what it calls
                 return original(*args, **kwargs)
             if batch:
                 _point_ops_to_current_functions(args, kwargs)
             depth = getattr(self._depth, "value", 0)
-            sent = self._volume(signature, volume, args, kwargs) if depth == 0 else None
-            got = self._volume(signature, received, args, kwargs) if sent is not None else None
+            volumes = self._volumes(signature, name, args, kwargs) if depth == 0 else None
             self._depth.value = depth + 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 self._depth.value = depth
-            if sent is not None:
+            if volumes is not None:
+                sent, got, sent_between, got_between = volumes
                 with self._lock:
                     self.total += sent
-                    self.received += got or 0
+                    self.received += got
+                    self.total_between += sent_between
+                    self.received_between += got_between
                     self.calls += 1
             return result
         return counted
 
-    @staticmethod
-    def _volume(signature: inspect.Signature, volume: Volume, args, kwargs) -> int | None:
-        """Bytes this call sends; None when this rank takes no part in a multi-rank collective."""
+    def _volumes(self, signature: inspect.Signature, name: str, args, kwargs) -> tuple[int, ...] | None:
+        """(sent, received, sent to other nodes, received from them) by this call; None when this
+        rank takes no part in a multi-rank collective."""
         if not dist.is_initialized():
             return None                              # the collective itself will say why it cannot run
         try:
@@ -264,7 +383,26 @@ class BytesCounter:
         a = bound.arguments
         group = _group_of(a)
         n, me = dist.get_world_size(group), dist.get_rank(group)  # -1 outside the group
-        return int(volume(a, n, me)) if n > 1 and me >= 0 else None
+        if n <= 1 or me < 0:
+            return None
+        sent, received = int(_SENT[name](a, n, me)), int(_RECEIVED[name](a, n, me))
+        nodes = self._nodes_of(group)
+        if nodes is None or len(set(nodes)) == n:    # a rank per node: every byte crosses
+            return sent, received, sent, received
+        if len(set(nodes)) == 1:                     # one node: none does
+            return sent, received, 0, 0
+        sent_between, received_between = _ACROSS[name](a, n, me, lambda p: nodes[p] != nodes[me], sent, received)
+        return sent, received, int(sent_between), int(received_between)
+
+    def _nodes_of(self, group) -> list[int] | None:
+        """The node of each of the group's ranks, in group order."""
+        if self.node_of is None:
+            return None
+        key = id(group)
+        if key not in self._group_nodes:
+            ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+            self._group_nodes[key] = (group, [self.node_of[r] for r in ranks])  # the group kept: its id stays its own
+        return self._group_nodes[key][1]
 
 
 def _point_ops_to_current_functions(args, kwargs) -> None:

@@ -80,8 +80,9 @@ def _state_device(choice: str, master_device: torch.device, numel: int) -> torch
 
 
 class DiLoCo:
-    def __init__(self, masters: MasterParams, settings: dict):
+    def __init__(self, masters: MasterParams, settings: dict, hierarchy=None):
         self.masters = masters
+        self.hierarchy = hierarchy  # two levels: comm/topology.py
         self.inner_steps = settings["inner_steps"]
         self.outer_lr = settings["outer_lr"]
         self.momentum = settings["outer_momentum"]
@@ -114,7 +115,10 @@ class DiLoCo:
     def outer_step(self) -> None:
         """Average Δ over the ranks, step θ, and start every rank's next round from it."""
         delta = self.start.to(self.device) - self._flat_masters()
-        delta = average(delta, self.compression)
+        if self.hierarchy is None:
+            delta = average(delta, self.compression)
+        else:
+            delta = self.hierarchy.average(delta, lambda part: average(part, self.compression, self.hierarchy.cross))
         delta = delta.to(self.state_device)
         self.velocity.mul_(self.momentum).add_(delta)
         direction = delta.add_(self.velocity, alpha=self.momentum) if self.nesterov else self.velocity
@@ -156,17 +160,17 @@ class DiLoCo:
         self.rounds = state["rounds"]
 
 
-def average(delta: torch.Tensor, compression: str) -> torch.Tensor:
-    """The mean of `delta` (flat fp32) over all ranks, sent as `compression` says."""
-    world = dist.get_world_size()
+def average(delta: torch.Tensor, compression: str, group=None) -> torch.Tensor:
+    """The mean of `delta` (flat fp32) over the group's ranks, sent as `compression` says."""
+    world = dist.get_world_size(group)
     if compression == "none":
-        dist.all_reduce(delta)
+        dist.all_reduce(delta, group=group)
         return delta.div_(world)
     if compression == "bf16":
         low = delta.to(torch.bfloat16).div_(world)
-        dist.all_reduce(low)
+        dist.all_reduce(low, group=group)
         return low.float()
-    return _int8_average(delta, world)
+    return _int8_average(delta, world, group)
 
 
 def _quantize_int8(x: torch.Tensor) -> torch.Tensor:
@@ -183,7 +187,7 @@ def _dequantize_int8(packed: torch.Tensor, blocks: int) -> torch.Tensor:
     return (values * scales[:, None]).reshape(-1)
 
 
-def _int8_average(delta: torch.Tensor, world: int) -> torch.Tensor:
+def _int8_average(delta: torch.Tensor, world: int, group=None) -> torch.Tensor:
     """Reduce-scatter by all-to-all (rank j averages chunk j of every rank), then all-gather the
     averaged chunks, each way as int8 with per-block scales: gloo and NCCL both have these."""
     numel = delta.numel()
@@ -193,11 +197,11 @@ def _int8_average(delta: torch.Tensor, world: int) -> torch.Tensor:
     padded[:numel] = delta
     sent = torch.cat([_quantize_int8(c) for c in padded.view(world, chunk)])
     received = torch.empty_like(sent)
-    dist.all_to_all_single(received, sent)
+    dist.all_to_all_single(received, sent, group=group)
     per_rank = received.view(world, -1)
     mine = torch.stack([_dequantize_int8(per_rank[r], chunk_blocks) for r in range(world)]).mean(dim=0)
     packed = _quantize_int8(mine)
     gathered = torch.empty(world * packed.numel(), dtype=torch.uint8, device=delta.device)
-    dist.all_gather_into_tensor(gathered, packed)
+    dist.all_gather_into_tensor(gathered, packed, group=group)
     out = torch.cat([_dequantize_int8(g, chunk_blocks) for g in gathered.view(world, -1)])
     return out[:numel]

@@ -4,9 +4,10 @@ log/eval/save and names no mode; each mode says, in one class, what it changes:
 
     deepspeed_config(config)  the config DeepSpeed gets (its own allreduce and clipping off where
                               the mode replaces them)
-    attach(engine, optimizer, model) / resume(state, rank_state, where) / ready()
-                              wiring into the engine, rank-local checkpoint state, objects built
-                              from the weights the run starts from
+    attach(engine, optimizer, model, topology) / resume(state, rank_state, where) / ready()
+                              wiring into the engine (and, for the compressed exchanges, into
+                              the nodes: comm/topology.py), rank-local checkpoint state, objects
+                              built from the weights the run starts from
     micro_batch(boundary)     around forward and backward (DiLoCo: the engine's allreduce off)
     after_backward()          on the last micro-batch, before engine.step(): the gradient norm
                               (measured without extra traffic where it can be), clipping
@@ -34,6 +35,7 @@ import torch
 from commodity_bert.comm.bucketwise import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.comm.diloco import DiLoCo, check_settings, diloco_settings
 from commodity_bert.comm.grad_norm import gradient_norm
+from commodity_bert.comm.topology import Hierarchy, Topology, hierarchy_setting
 from commodity_bert.optim.build import optimizer_name
 from commodity_bert.optim.precision import MasterParams, current_loss_scale
 
@@ -62,17 +64,31 @@ class CommMode:
         self.local_clip = 0.0
         self.unlogged = contextlib.nullcontext
         self._measure, self._norm = False, (None, False)
+        self.hierarchy_setting = hierarchy_setting(config)
+        self.hierarchy: Hierarchy | None = None
 
     # ---- set-up
     def deepspeed_config(self, config: dict) -> dict:
         """The config DeepSpeed gets: the project's block is not DeepSpeed's."""
         return {k: v for k, v in config.items() if k != PROJECT_BLOCK}
 
-    def attach(self, engine, optimizer, model) -> list[str]:
-        """Wire into the engine; returns lines for rank 0 to print."""
+    def attach(self, engine, optimizer, model, topology: Topology | None = None) -> list[str]:
+        """Wire into the engine; returns lines for rank 0 to print. `topology`: which ranks share a
+        node (None: as if each had its own)."""
         self.engine, self.optimizer, self.params = engine, optimizer, list(model.parameters())
         self.masters = MasterParams(engine.optimizer)  # the fp32 tensors stepped, and the way into the model
         return []
+
+    def _two_levels(self, topology: Topology | None, between: str) -> list[str]:
+        """For modes whose exchange is compressed: full precision inside a node and `between` (what
+        travels) between nodes, where the topology and the config's hierarchy block say so."""
+        if topology is None:
+            return []
+        chosen, line = topology.choose(self.hierarchy_setting)
+        if not chosen:
+            return [line] if line else []
+        self.hierarchy = topology.hierarchy()  # collective: every rank makes the same choice
+        return [f"exchange in two levels ({topology.describe()}): fp32 inside a node, {between} between nodes"]
 
     def resume(self, state: dict, rank_state: dict, where) -> None:
         """After DeepSpeed's checkpoint is loaded: the mode's part of it."""
@@ -161,8 +177,8 @@ class BucketwiseClipping(CommMode):
     def deepspeed_config(self, config: dict) -> dict:
         return {**super().deepspeed_config(config), "gradient_clipping": 0.0}
 
-    def attach(self, engine, optimizer, model) -> list[str]:
-        lines = super().attach(engine, optimizer, model)
+    def attach(self, engine, optimizer, model, topology=None) -> list[str]:
+        lines = super().attach(engine, optimizer, model, topology)
         engine.enable_backward_allreduce = False
         self.clipper = BucketwiseClipAllreduce(self.params, self.settings.get("bucket_mb", 25),
                                                self.settings.get("max_norm", 1.0),
@@ -200,6 +216,12 @@ class CompressingOptimizer(CommMode):
                     f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
         return None
 
+    def attach(self, engine, optimizer, model, topology=None) -> list[str]:
+        lines = super().attach(engine, optimizer, model, topology)
+        lines += self._two_levels(topology, "1-bit")
+        optimizer.hierarchy = self.hierarchy  # before its compressor is built (at the freeze or a resume)
+        return lines
+
     def resume(self, state: dict, rank_state: dict, where) -> None:
         self.optimizer.load_rank_state_dict(rank_state.get("optimizer", {}))
 
@@ -214,8 +236,8 @@ class OneBitLambMode(CompressingOptimizer):
     name = "onebit_lamb"
     optimizer_type = "OneBitLamb"
 
-    def attach(self, engine, optimizer, model) -> list[str]:
-        lines = super().attach(engine, optimizer, model)
+    def attach(self, engine, optimizer, model, topology=None) -> list[str]:
+        lines = super().attach(engine, optimizer, model, topology)
         # from the freeze step on, momenta travel compressed instead of gradients
         optimizer.on_freeze = lambda: setattr(engine, "enable_backward_allreduce", False)
         return lines
@@ -251,8 +273,8 @@ class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
     name = "zero_one_adam"
     optimizer_type = "ZeroOneAdam"
 
-    def attach(self, engine, optimizer, model) -> list[str]:
-        lines = super().attach(engine, optimizer, model)
+    def attach(self, engine, optimizer, model, topology=None) -> list[str]:
+        lines = super().attach(engine, optimizer, model, topology)
         warning = optimizer.short_variance_warning()
         self.local_stage = False  # whether the step under way is a local-stage step
         self.loss_scale = getattr(engine.optimizer, "loss_scale_config", None)
@@ -261,7 +283,7 @@ class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
         # step by step, the optimizer says whether the engine allreduces the next step's gradients
         optimizer.engine_allreduce = self._engine_allreduce
         optimizer.engine_allreduce(optimizer.next_step_allreduced())
-        return [warning] if warning else lines
+        return lines + [warning] if warning else lines
 
     def _engine_allreduce(self, allreduced: bool) -> None:
         """Off only on the variance stage's 1-bit steps. In the local-step stage it stays on and
@@ -350,17 +372,22 @@ class DiLoCoMode(RanksStepAlone):
         self.settings = diloco_settings(config)
         self.diloco: DiLoCo | None = None
 
+    def attach(self, engine, optimizer, model, topology=None) -> list[str]:
+        lines = super().attach(engine, optimizer, model, topology)
+        sent = {"none": "fp32", "bf16": "bf16", "int8": "int8"}[self.settings["compression"]]
+        return lines + self._two_levels(topology, f"the pseudo-gradient in {sent}")
+
     def resume(self, state: dict, rank_state: dict, where) -> None:
         if "diloco" not in state:
             raise ModeStateError(f"{where} was not trained with DiLoCo; resume it with its own config, or start "
                                  f"from its weights with --init-from {where} --resume none")
         self.masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
-        self.diloco = DiLoCo(self.masters, self.settings)
+        self.diloco = DiLoCo(self.masters, self.settings, self.hierarchy)
         self.diloco.load_state_dict(state["diloco"])
 
     def ready(self) -> list[str]:
         if self.diloco is None:  # θ is the weights the run starts from
-            self.diloco = DiLoCo(self.masters, self.settings)
+            self.diloco = DiLoCo(self.masters, self.settings, self.hierarchy)
         return [f"DiLoCo: {self.diloco.describe()}"]
 
     def micro_batch(self, boundary: bool):

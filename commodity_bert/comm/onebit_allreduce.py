@@ -76,8 +76,20 @@ class CompressedAllreduce:
         return {"worker_error": self.worker_error, "server_error": self.server_error}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["worker_error"].shape != self.worker_error.shape or \
+                state["server_error"].shape != self.server_error.shape:
+            # saved with other ranks or nodes: its errors belong to another split of the tensor
+            self.reset()
+            if dist.get_rank() == 0:
+                print("1-bit allreduce: the checkpoint's error feedback was saved with another number of ranks "
+                      "or nodes; starting it from zero", flush=True)
+            return
         self.worker_error.copy_(state["worker_error"])
         self.server_error.copy_(state["server_error"])
+
+    def reset(self) -> None:
+        self.worker_error.zero_()
+        self.server_error.zero_()
 
     def _quantize(self, x: torch.Tensor):
         """Signs (packed), one scale per block keeping the block's L2 norm, and the values they
@@ -118,3 +130,24 @@ class CompressedAllreduce:
         all_scales = torch.empty(self.padded // self.block, device=buffer.device)
         dist.all_gather_into_tensor(all_scales, server_scales, group=self.group)
         return self._dequantize(all_signs, all_scales)[: self.numel]
+
+
+class TwoLevelCompressedAllreduce(CompressedAllreduce):
+    """The 1-bit allreduce between nodes only: the node's ranks sum in full precision first, and
+    each local rank runs the compressed exchange on its slice with the same local rank of every
+    other node (topology.py). Its error feedback covers this rank's slice only."""
+
+    def __init__(self, numel: int, device, hierarchy, scale_block: int | None = None):
+        self.hierarchy = hierarchy
+        super().__init__(hierarchy.slice_numel(numel), device, group=hierarchy.cross, scale_block=scale_block)
+        self.whole = numel
+
+    def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
+        return self.hierarchy.average(buffer, super().__call__)
+
+
+def compressed_allreduce(numel: int, device, scale_block: int | None, hierarchy=None) -> CompressedAllreduce:
+    """Flat over all ranks, or in two levels where the mode found several ranks per node."""
+    if hierarchy is None:
+        return CompressedAllreduce(numel, device, scale_block=scale_block)
+    return TwoLevelCompressedAllreduce(numel, device, hierarchy, scale_block)

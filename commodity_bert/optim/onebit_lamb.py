@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
 
 
@@ -58,6 +58,7 @@ class OneBitLamb(torch.optim.Optimizer):
         self.scale_block = scale_block  # elements per scale in the 1-bit allreduce (onebit_allreduce.py)
         self.step_count = 0
         self.compressor: CompressedAllreduce | None = None
+        self.hierarchy = None  # two levels (comm/topology.py), set by the communication mode
         self.on_freeze: Callable[[], None] | None = None  # turns the engine's allreduce off
         # A param group with "row_masked": True holds tensors whose rows may get no gradient in
         # warmup (position embeddings past the sequence length, tokens not seen yet): their
@@ -177,8 +178,8 @@ class OneBitLamb(torch.optim.Optimizer):
     def _ensure_compressor(self) -> None:
         if self.compressor is None:
             tensors = [p for _, p in self._params() if self.state[p]]
-            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device,
-                                                  scale_block=self.scale_block)
+            self.compressor = compressed_allreduce(sum(p.numel() for p in tensors), tensors[0].device,
+                                                   self.scale_block, self.hierarchy)
 
     def _compression_step(self) -> None:
         entries = [(group, p, self.state[p]) for group, p in self._params() if self.state[p]]

@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
 
 
@@ -104,6 +104,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
         self.scale_block = scale_block
         self.schedule = fresh_schedule()
         self.compressor: CompressedAllreduce | None = None
+        self.hierarchy = None  # two levels (comm/topology.py), set by the communication mode
         # switches the engine's full-precision gradient allreduce for the next step (train.py)
         self.engine_allreduce: Callable[[bool], None] | None = None
         self.synced_last_step = True  # whether the last step ended with the ranks' parameters equal
@@ -144,8 +145,8 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def _ensure_compressor(self) -> CompressedAllreduce:
         if self.compressor is None:
             tensors = [p for _, p in self._params()]
-            self.compressor = CompressedAllreduce(sum(p.numel() for p in tensors), tensors[0].device,
-                                                  scale_block=self.scale_block)
+            self.compressor = compressed_allreduce(sum(p.numel() for p in tensors), tensors[0].device,
+                                                   self.scale_block, self.hierarchy)
         return self.compressor
 
     def _compressed_average(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -214,9 +215,7 @@ class ZeroOneAdam(torch.optim.Optimizer):
 
     def _freeze(self) -> None:
         """v is final; the error feedback restarts, since it will carry another quantity (u)."""
-        compressor = self._ensure_compressor()
-        compressor.worker_error.zero_()
-        compressor.server_error.zero_()
+        self._ensure_compressor().reset()
         for _, p in self._params():
             state = self.state[p]
             state["momentum_sum"] = torch.zeros_like(state["exp_avg"])  # u = Σ lr·m

@@ -51,11 +51,12 @@ class Decision:
 class Bookkeeping:
     def __init__(self, *, device, world: int, total_batch: int, max_steps: int, log_every: int,
                  eval_every: int, save_every: int, save_every_minutes: float, time_budget: float | None,
-                 wire, clocks: dict | None = None):
+                 wire, nodes: int = 1, clocks: dict | None = None):
         self.device, self.world, self.total_batch = device, world, total_batch
         self.max_steps, self.log_every, self.eval_every = max_steps, log_every, eval_every
         self.save_every, self.save_every_minutes, self.time_budget = save_every, save_every_minutes, time_budget
         self.wire = wire  # a BytesCounter: this rank's bytes and collective calls so far
+        self.nodes = nodes  # how many nodes the ranks are on: node_bytes_* are per node
         clocks = clocks or {}
         self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
         self.started = self.last_save = time.time()
@@ -80,10 +81,9 @@ class Bookkeeping:
         self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
         self.grad_norm: torch.Tensor | None = None
         self.grad_norm_per_rank = False  # grad_norm is this rank's own (see the module's docstring)
-        self.unlogged_bytes, self.unlogged_received, self.unlogged_calls = 0, 0, 0  # the loop's own traffic
+        self.unlogged_traffic = dict.fromkeys(self.wire.FIELDS, 0)  # the loop's own collectives
         self.window_started, self.evaluating_at_start = time.time(), self.evaluating
-        self.bytes_at_start, self.calls_at_start = self.wire.total, self.wire.calls
-        self.received_at_start = self.wire.received
+        self.traffic_at_start = self.wire.snapshot()
 
     def next_batch(self, batches):
         waited = time.perf_counter()
@@ -106,14 +106,14 @@ class Bookkeeping:
     @contextlib.contextmanager
     def unlogged(self):
         """Collectives inside are the loop's own (decisions, gradient norm, evaluation, saving),
-        left out of `bytes_sent`, `bytes_received` and `comm_rounds`, which describe training's traffic."""
-        total, received, calls = self.wire.total, self.wire.received, self.wire.calls
+        left out of `bytes_sent`, `bytes_received`, `node_bytes_*` and `comm_rounds`, which describe
+        training's traffic."""
+        before = self.wire.snapshot()
         try:
             yield
         finally:
-            self.unlogged_bytes += self.wire.total - total
-            self.unlogged_received += self.wire.received - received
-            self.unlogged_calls += self.wire.calls - calls
+            for field, value in self.wire.snapshot().items():
+                self.unlogged_traffic[field] += value - before[field]
 
     # ---- decisions
     def is_log_step(self, step: int) -> bool:
@@ -163,12 +163,12 @@ class Bookkeeping:
 
     def row(self, step: int, samples: int, lr: float, loss_scale: float) -> dict:
         """The window's metrics (collectives: call on every rank), then a fresh window."""
-        bytes_sent = (self.wire.total - self.bytes_at_start - self.unlogged_bytes) / self.steps
-        bytes_received = (self.wire.received - self.received_at_start - self.unlogged_received) / self.steps
-        comm_rounds = (self.wire.calls - self.calls_at_start - self.unlogged_calls) / self.steps
+        traffic = {field: (value - self.traffic_at_start[field] - self.unlogged_traffic[field]) / self.steps
+                   for field, value in self.wire.snapshot().items()}
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
-        sums = {"flops": self.flops}
+        sums = {"flops": self.flops, "between_sent": traffic.pop("bytes_sent_between_nodes"),
+                "between_received": traffic.pop("bytes_received_between_nodes")}
         if self.grad_norm_per_rank:  # alike on every rank: the same path measured the same step
             sums["grad_norm_sq"] = float(self.grad_norm) ** 2
         sums = sum_across_ranks(sums, self.device)
@@ -186,7 +186,10 @@ class Bookkeeping:
                "tokens_per_s": totals["real_tokens"] / seconds,
                "tflops": total_flops / seconds / 1e12,
                "data_wait_s": self.data_wait / self.steps,
-               "bytes_sent": bytes_sent, "bytes_received": bytes_received, "comm_rounds": comm_rounds}
+               **traffic,
+               # what a node's link carries: its ranks' bytes to and from other nodes, mean over nodes
+               "node_bytes_sent": sums["between_sent"] / self.nodes,
+               "node_bytes_received": sums["between_received"] / self.nodes}
         if totals["nsp_count"]:
             row["nsp_acc"] = totals["nsp_correct"] / totals["nsp_count"]
         self._reset_window()  # after the row's own collectives: they are not the next window's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from commodity_bert.comm import diloco
+from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
 from commodity_bert.optim.build import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
 
@@ -13,6 +13,7 @@ from commodity_bert.optim.build import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, opti
 PROJECT_SECTIONS = {
     "bucketwise_clipping": {"enabled", "bucket_mb", "max_norm"},
     "diloco": set(diloco.DEFAULTS),
+    "hierarchy": set(topology.DEFAULTS),
 }
 
 
@@ -89,7 +90,7 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     if name == "zerooneadam":
         check_zero_one_adam(block.get("params", {}))
     check_project_block(config)
-    problem = mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
+    problem = topology.check_setting(config) or mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
     if problem:
         raise LaunchError(problem)
     if name == "lamb" and stage >= 1:

@@ -1,0 +1,130 @@
+"""Which ranks share a node, and the two-level exchange built on it: full precision inside a
+node, the mode's compressed exchange between nodes only.
+
+A node's GPUs share one network link. A flat compressed allreduce over all N·L ranks (N nodes,
+L ranks each) puts L ranks' compressed traffic on every link; reduced inside the node first
+(NVLink or PCIe on GPUs, shared memory between CPU ranks), the link carries one share:
+
+    reduce-scatter inside the node (fp32)   local rank i holds the node's sum of slice i
+    the mode's exchange between nodes       local rank i averages slice i with the local rank i
+                                            of every other node (1-bit, int8, bf16 or fp32)
+    all-gather inside the node              every rank holds the whole average
+
+The L slices travel between nodes at once, one per local rank, so the compression's arithmetic
+is split L ways too. Over a node's link the bytes are those of a flat exchange among N ranks,
+and the compression error is that of N workers, not N·L. With one node (N = 1) nothing is
+compressed: the average is exact.
+
+Which node a rank is on comes from the launcher, not a setting: DeepSpeed's launch.py exports
+CROSS_RANK, the node's line in the hostfile (whose slots say how many ranks it runs); under
+`srun` SLURM_NODEID; else the host name. Ranks gather these once at start.
+
+Selected by the project block of the DeepSpeed config:
+    "commodity_bert": {"hierarchy": {"enabled": "auto"}}
+"auto" (the default): two levels where the run has more than one node and some node runs more
+than one rank; true: two levels whenever a node runs more than one rank (on one node, an exact
+average instead of a compressed one); false: the flat exchange over all ranks.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+DEFAULTS = {"enabled": "auto"}
+
+
+def hierarchy_setting(ds_config: dict):
+    return {**DEFAULTS, **ds_config.get("commodity_bert", {}).get("hierarchy", {})}["enabled"]
+
+
+def check_setting(ds_config: dict) -> str | None:
+    """The problem with a hierarchy block, as one line, or None."""
+    value = hierarchy_setting(ds_config)
+    if value != "auto" and not isinstance(value, bool):
+        return f'hierarchy enabled {value!r}: give "auto", true or false'
+    return None
+
+
+def node_key() -> str:
+    """This rank's node, as the launcher knows it."""
+    for variable in ("CROSS_RANK", "SLURM_NODEID"):
+        if os.environ.get(variable):
+            return f"{variable}={os.environ[variable]}"
+    return f"host={socket.gethostname()}"
+
+
+class Topology:
+    """The node of every rank: nodes numbered in the order of their first rank."""
+
+    def __init__(self, keys: list):
+        order: dict = {}
+        self.node_of = [order.setdefault(k, len(order)) for k in keys]
+        self.nodes = [[r for r, n in enumerate(self.node_of) if n == i] for i in range(len(order))]
+
+    @classmethod
+    def discover(cls) -> Topology:
+        """Collective: every rank's node key, gathered once."""
+        keys = [None] * dist.get_world_size()
+        dist.all_gather_object(keys, node_key())
+        return cls(keys)
+
+    @property
+    def ranks_per_node(self) -> list[int]:
+        return [len(n) for n in self.nodes]
+
+    def describe(self) -> str:
+        sizes = self.ranks_per_node
+        per_node = f"{sizes[0]} ranks each" if len(set(sizes)) == 1 else f"{sizes} ranks"
+        return f"{len(self.nodes)} node{'s' if len(self.nodes) > 1 else ''} of {per_node}"
+
+    def choose(self, setting) -> tuple[bool, str | None]:
+        """(whether to exchange in two levels, a line to print where the choice needs saying)."""
+        several = max(self.ranks_per_node) > 1
+        if setting is False or not several or (setting == "auto" and len(self.nodes) == 1):
+            return False, None
+        if len(set(self.ranks_per_node)) > 1:
+            return False, (f"hierarchy: {self.describe()}: the two-level exchange needs the same number of ranks "
+                           f"on every node (the hostfile's slots); exchanging flat over all ranks instead")
+        return True, None
+
+    def hierarchy(self) -> Hierarchy:
+        """Collective (every rank, the same order): the process groups of the two levels."""
+        local, _ = dist.new_subgroups_by_enumeration(self.nodes)
+        crossing = [[node[i] for node in self.nodes] for i in range(len(self.nodes[0]))]
+        cross, _ = dist.new_subgroups_by_enumeration(crossing)
+        return Hierarchy(local, cross, len(self.nodes[0]), len(self.nodes))
+
+
+class Hierarchy:
+    """The two levels: `local` (this rank's node) and `cross` (the same local rank on every node)."""
+
+    def __init__(self, local, cross, local_size: int, nodes: int):
+        self.local, self.cross = local, cross
+        self.local_size, self.nodes = local_size, nodes
+        self.local_rank = dist.get_rank(local)
+
+    def slice_numel(self, numel: int) -> int:
+        """The length of each local rank's slice of a flat tensor of `numel` elements."""
+        return -(-numel // self.local_size)
+
+    def average(self, flat: torch.Tensor, between: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+        """The mean of `flat` (fp32) over all ranks: summed inside the node in full precision, this
+        rank's slice averaged between nodes by `between` (a mean over the `cross` group; None on
+        one node), gathered inside the node."""
+        numel, part = flat.numel(), self.slice_numel(flat.numel())
+        padded = torch.zeros(part * self.local_size, device=flat.device)
+        padded[:numel] = flat
+        mine = torch.empty(part, device=flat.device)
+        # torch 2.13 names it reduce_scatter_single, older ones reduce_scatter_tensor (looked up at
+        # call time: the byte counter replaces the module's functions)
+        (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(mine, padded, group=self.local)
+        mine.div_(self.local_size)
+        if between is not None and self.nodes > 1:
+            mine = between(mine)
+        out = torch.empty_like(padded)
+        dist.all_gather_into_tensor(out, mine.contiguous(), group=self.local)
+        return out[:numel]

@@ -1,0 +1,128 @@
+"""The two-level exchange (comm/topology.py) on 4 real gloo ranks placed as 2 nodes of 2 (by
+CROSS_RANK, as DeepSpeed's launcher sets it): the nodes found, the 1-bit allreduce and DiLoCo's
+average in two levels against the flat ones and the exact mean, and the bytes that cross
+between nodes."""
+import os
+
+import torch
+import torch.distributed as dist
+from conftest import spawn_ranks
+from test_comm import _join_gloo
+
+from commodity_bert.comm.bytes_counter import BytesCounter
+from commodity_bert.comm.diloco import average
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce
+from commodity_bert.comm.topology import Topology, check_setting
+
+WORLD, NODE_OF = 4, [0, 0, 1, 1]
+NUMEL = 4 * 256 * 12  # slices of whole 256-element scale blocks, split evenly over 2 servers
+
+
+def exact_mean(x: torch.Tensor) -> torch.Tensor:
+    total = x.clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
+
+
+def relative(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _worker(rank, world, port, results):
+    os.environ["CROSS_RANK"] = str(NODE_OF[rank])
+    _join_gloo(rank, world, port)
+    topology = Topology.discover()
+    hierarchy = topology.hierarchy()
+    out = {"node_of": topology.node_of, "local_rank": hierarchy.local_rank,
+           "choices": {str(s): topology.choose(s)[0] for s in ("auto", True, False)}}
+
+    # 1. the same buffer on both ranks of a node: the node's sum is exact, so two levels must be
+    # bit for bit the flat 1-bit allreduce between the nodes alone (ranks 0 and 2, 1 and 3)
+    torch.manual_seed(100 + NODE_OF[rank])
+    per_node = torch.randn(NUMEL)
+    two_level = TwoLevelCompressedAllreduce(NUMEL, "cpu", hierarchy, scale_block=256)
+    first_nodes, _ = dist.new_subgroups_by_enumeration([[0, 2], [1, 3]])
+    flat_between_nodes = CompressedAllreduce(NUMEL, "cpu", group=first_nodes, scale_block=256)
+    same = [torch.equal(two_level(per_node), flat_between_nodes(per_node)) for _ in range(3)]
+    out["node_buffers_as_flat_between_nodes"] = all(same[:1]) if hierarchy.local_rank else all(same)
+
+    # 2. every rank its own buffer: error of one call, and of the running mean (error feedback)
+    torch.manual_seed(rank)
+    mine = torch.randn(NUMEL) * (rank + 1) + rank
+    exact = exact_mean(mine)
+    for name, compressor in (("two_level", TwoLevelCompressedAllreduce(NUMEL, "cpu", hierarchy, scale_block=256)),
+                             ("flat", CompressedAllreduce(NUMEL, "cpu", scale_block=256))):
+        wire = BytesCounter(topology.node_of).install()
+        first = compressor(mine)
+        between = wire.total_between
+        wire.uninstall()
+        running = first.clone()
+        for _ in range(29):
+            running += compressor(mine)
+        gathered = [torch.empty_like(first) for _ in range(world)]
+        dist.all_gather(gathered, first)
+        out[name] = {"one_call": relative(first, exact), "mean_of_30": relative(running / 30, exact),
+                     "alike": all(torch.equal(g, gathered[0]) for g in gathered),
+                     "between_sent": between, "sent": wire.total}
+
+    # 3. DiLoCo's average: fp32 in two levels is the mean; int8 within its quantization
+    for compression in ("none", "int8"):
+        got = hierarchy.average(mine.clone(), lambda part: average(part, compression, hierarchy.cross))
+        out[f"diloco_{compression}"] = relative(got, exact)
+
+    # 4. on one node (the local group alone), with nothing between: the exact mean of the node
+    node_mean = hierarchy.average(mine.clone(), None)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    node = [g for r, g in enumerate(gathered) if NODE_OF[r] == NODE_OF[rank]]
+    out["one_node_error"] = float((node_mean - sum(node) / 2).abs().max())
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def test_two_levels_on_two_nodes_of_two_ranks():
+    results = spawn_ranks(_worker, WORLD)
+    for rank, out in results.items():
+        assert out["node_of"] == NODE_OF and out["local_rank"] == rank % 2
+        assert out["choices"] == {"auto": True, "True": True, "False": False}
+        assert out["node_buffers_as_flat_between_nodes"], rank
+        two, flat = out["two_level"], out["flat"]
+        assert two["alike"] and flat["alike"]
+        # the compression error of 2 workers, not 4; both feed their error back
+        assert two["one_call"] < flat["one_call"] < 1.0, (two, flat)
+        assert two["mean_of_30"] < 0.1 and flat["mean_of_30"] < 0.1, (two, flat)
+        assert out["diloco_none"] < 1e-6 and out["diloco_int8"] < 0.01, out
+        assert out["one_node_error"] < 1e-5
+    # over a node's link. Flat, each rank's all-to-all sends the chunks of the 2 ranks on the other
+    # node (L = 2 shares on the link), and the ring all-gather crosses once per node; in two levels
+    # each rank sends half its slice's signs and scales and gathers the other half: one share per node
+    per_node = {kind: [sum(results[r][kind]["between_sent"] for r in range(WORLD) if NODE_OF[r] == n)
+                       for n in (0, 1)] for kind in ("two_level", "flat")}
+    print(f"bytes sent between nodes per node in one call: {per_node}")
+    packed_slice = NUMEL // 2 // 8 + NUMEL // 2 // 256 * 4  # a rank's slice: 1 bit an element, a scale per block
+    assert per_node["two_level"] == [2 * packed_slice] * 2, per_node
+    signs, scales = NUMEL // 8, NUMEL // 256 * 4
+    flat_rank = (signs + scales) // 2 + 3 * (signs + scales) // 4 // 2  # a2a to 2 of 4 ranks; ring: 1 of 2 neighbours
+    assert per_node["flat"] == [2 * flat_rank] * 2, per_node
+    assert all(results[r]["two_level"]["sent"] > results[r]["two_level"]["between_sent"] for r in range(WORLD))
+
+
+def test_topology_choices_from_the_node_keys():
+    def ranks(keys):
+        return Topology(keys)
+
+    two_by_two = ranks(["CROSS_RANK=0", "CROSS_RANK=0", "CROSS_RANK=1", "CROSS_RANK=1"])
+    assert two_by_two.nodes == [[0, 1], [2, 3]] and two_by_two.describe() == "2 nodes of 2 ranks each"
+    assert two_by_two.choose("auto") == (True, None)
+    one_node = ranks(["host=a", "host=a"])
+    assert one_node.choose("auto") == (False, None) and one_node.choose(True) == (True, None)
+    one_each = ranks(["CROSS_RANK=0", "CROSS_RANK=1"])
+    assert one_each.choose(True) == (False, None)
+    uneven = ranks(["CROSS_RANK=0", "CROSS_RANK=0", "CROSS_RANK=1"])
+    chosen, line = uneven.choose("auto")
+    assert not chosen and "the same number of ranks on every node" in line and "[2, 1] ranks" in line
+    assert ranks(["CROSS_RANK=1", "CROSS_RANK=0"]).node_of == [0, 1]  # numbered by first rank
+    assert check_setting({"commodity_bert": {"hierarchy": {"enabled": "yes"}}}) == \
+        "hierarchy enabled 'yes': give \"auto\", true or false"
+    assert check_setting({"commodity_bert": {"hierarchy": {"enabled": False}}}) is None
+    assert check_setting({}) is None
