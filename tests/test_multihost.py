@@ -213,3 +213,56 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     print(f"{config}: bytes_received {counted_in:,.0f}; eth0 received {wire_in:,} in {packets_in:,} packets "
           f"({resent_in} resent by node2), {payload_in:,} without headers")
     assert counted_in <= payload_in <= counted_in * 1.005 + resent_in * MSS
+
+
+@pytest.mark.parametrize("config", ["cpu_tiny_onebit_lamb.json", "cpu_tiny_zero_one_adam.json",
+                                    "cpu_tiny_diloco_lamb.json"])
+def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, config):
+    """2 hosts of 2 ranks (the hostfile's slots=2): the compressed modes reduce inside the host and
+    exchange between hosts only (comm/topology.py), and the metrics' node_bytes_sent and
+    node_bytes_received, summed over the two nodes, are what the two hosts' eth0 sent and
+    received between them. 1-bit LAMB compresses from step 3, 0/1 Adam's variance stage sends 1-bit
+    exchanges between its full-precision steps, DiLoCo averages in int8 every 2nd step."""
+    run, steps = tmp_path / "run", 8
+    ds_config = json.loads((REPO / "ds_configs" / config).read_text())
+    if "diloco" in ds_config.get("commodity_bert", {}):
+        ds_config["commodity_bert"]["diloco"].update(inner_steps=2, compression="int8")
+    if ds_config["optimizer"]["type"] == "OneBitLamb":
+        ds_config["optimizer"]["params"]["freeze_step"] = 2
+    ds_config["train_micro_batch_size_per_gpu"] //= 2  # 4 ranks: the same batch as 2
+    (tmp_path / config).write_text(json.dumps(ds_config))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{host} slots=2\n" for host in cluster.hosts))
+    args = ["--deepspeed_config", str(tmp_path / config), "--data", str(data), "--model", "tiny",
+            "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
+            "--num-workers", "1", "--dist-timeout-minutes", "2"]
+    readers = [tx_reader(cluster, 0), tx_reader(cluster, 1)]
+    nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(i),
+                               "--master_addr", cluster.addresses[0], "--master_port", "29617", "train.py", *args],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    metrics, at_step = run / "metrics.jsonl", {}
+    while nodes[0].poll() is None:
+        rows = metrics.read_text().splitlines() if metrics.exists() else []
+        if rows and (step := json.loads(rows[-1])["step"]) not in at_step:
+            at_step[step] = [read() for read in readers]
+        time.sleep(0.005)
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert "exchange in two levels (2 nodes of 2 ranks each): fp32 inside a node" in outputs[0], outputs[0][-3000:]
+    rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
+    first, last = min(at_step), max(s for s in at_step if s < steps)
+    assert last - first >= steps // 2, at_step
+
+    def wire(host, k):
+        return at_step[last][host][k] - at_step[first][host][k]
+
+    for direction, field, (b, p) in (("sent", "node_bytes_sent", (0, 1)), ("received", "node_bytes_received", (3, 4))):
+        counted = 2 * sum(rows[s][field] for s in range(first + 1, last + 1))  # per node, 2 nodes
+        payload = sum(wire(h, b) - HEADER_BYTES * wire(h, p) for h in (0, 1))
+        resent = sum(wire(h, 2) for h in (0, 1))
+        print(f"{config}: node_bytes_{direction} × 2 over steps {first + 1}-{last}: {counted:,.0f}; both eth0: "
+              f"{payload:,} without headers ({resent} resent); ratio {payload / counted:.4f}; "
+              f"rank 0's bytes_sent {sum(rows[s]['bytes_sent'] for s in range(first + 1, last + 1)):,.0f}")
+        assert counted <= payload <= counted * 1.01 + resent * MSS
