@@ -115,6 +115,33 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
     assert (phase["stages"]["inner"]["steps"], phase["stages"]["outer"]["steps"]) == (22, 3)
 
 
+def test_compressed_exchanges_in_two_levels_by_hand():
+    """4 nodes of 4 GPUs: flat, a node's link carries 4 ranks' share of the 1-bit exchange among 16;
+    in two levels (the default, comm/topology.py) the fp32 buffer is reduced and gathered inside
+    the node and the link carries one share of the exchange among the 4 nodes."""
+    net = Network(link_bytes_per_s=1.25e9, latency_s=0.01)  # intra-node: 25 GB/s, 10 µs a hop
+    onebit = 1e8 * 0.140625
+    flat = step_estimate(work(hierarchy=False), "onebit_lamb", "compressed", 4, 4, net)
+    assert flat.comm_s == pytest.approx(4 * onebit * 2 * 15 / 16 * 12 / 15 / 1.25e9 + 4 * 15 * 0.01
+                                        + onebit * 2 * 15 / 16 * 3 / 15 / 25e9)
+    assert flat.bytes_per_rank == pytest.approx(onebit * 2 * 15 / 16)
+    two = step_estimate(work(), "onebit_lamb", "compressed", 4, 4, net)
+    inside = 4e8 * 2 * 3 / 4 / 25e9 + 6 * 10e-6
+    assert two.comm_s == pytest.approx(inside + onebit * 2 * 3 / 4 / 1.25e9 + 4 * 3 * 0.01)
+    assert two.bytes_per_rank == pytest.approx(4e8 * 2 * 3 / 4 + onebit / 4 * 2 * 3 / 4)
+    assert flat.comm_s / two.comm_s > 3
+    # one node of 4: "auto" stays flat (a compressed exchange as chosen), true gives the exact average
+    assert step_estimate(work(), "onebit_lamb", "compressed", 1, 4, net).comm_s == pytest.approx(
+        step_estimate(work(hierarchy=False), "onebit_lamb", "compressed", 1, 4, net).comm_s)
+    assert step_estimate(work(hierarchy=True), "onebit_lamb", "compressed", 1, 4, net).comm_s == pytest.approx(inside)
+    # 0/1 Adam's 1-bit steps and DiLoCo's int8 average alike; fp32 and bf16 averages were already by level
+    zero_one = step_estimate(work(), "zero_one_adam", "sync", 4, 4, net)
+    assert zero_one.comm_s == pytest.approx(two.comm_s)
+    int8 = 1e8 * (1 + 4 / 256)
+    diloco = step_estimate(work(outer_compression="int8"), "diloco", "outer", 4, 4, net)
+    assert diloco.comm_s == pytest.approx(inside + int8 * 2 * 3 / 4 / 1.25e9 + 2 * 3 * 0.01)
+
+
 def test_phase_and_recipe_totals_by_hand():
     w = work(freeze_step=4)
     phase = phase_estimate(w, "onebit_lamb", 4, 1, TEN_GBIT)

@@ -11,6 +11,7 @@ import torch
 
 from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
 from commodity_bert.comm.diloco import diloco_settings
+from commodity_bert.comm.topology import hierarchy_setting
 from commodity_bert.plan.step_model import (
     GBIT,
     OPTIMIZERS,
@@ -164,7 +165,7 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
                     log_every=log_every, wrapped=precision_of(config) != "fp32",
                     loss_scaled=precision_of(config) == "fp16" and not config["fp16"].get("loss_scale", 0),
-                    notes=notes, **extra)
+                    hierarchy=hierarchy_setting(config), notes=notes, **extra)
 
 
 ZERO_ONE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")

@@ -37,6 +37,13 @@ Communication, per step, over the slowest link of a ring:
               gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 (1 byte a
               parameter plus a 4-byte scale per 256, in an all-to-all and an all-gather), and
               the outer update's passes over the parameters (counted as one optimizer step).
+  two levels  the compressed exchanges (1-bit LAMB's, 0/1 Adam's, DiLoCo's int8) where nodes hold
+              G > 1 GPUs and the config's hierarchy block says so (comm/topology.py; "auto": on
+              more than one node): a reduce-scatter and an all-gather of the fp32 buffer inside
+              the node (as an allreduce of 4 bytes a parameter over G), and between nodes the
+              exchange of the node's G slices at once, which put on the node's link what one
+              rank of a flat exchange among the N nodes would: a G-th of the flat exchange's
+              bytes on the link for its all-to-all half (the papers' 1-bit LAMB counts G = 1).
   logged steps: the gradient norm of the metrics costs nothing on the wire in any mode (where
               gradients are never averaged in full, the ranks' own norms are combined in the
               row's small allreduce); those latency-bound rows, two small allreduces every
@@ -98,9 +105,15 @@ class Network:
             seconds += ring_allreduce_bytes(size, nodes) / self.link_bytes_per_s + 2 * (nodes - 1) * self.latency_s
         return seconds
 
-    def onebit_exchange_s(self, elements: int, scale_block: int | None, nodes: int, gpus_per_node: int) -> float:
-        """The compressed allreduce (onebit_allreduce.py): 2 all-to-alls and 2 all-gathers."""
-        return self.pairwise_exchange_s(elements * onebit_bytes_per_element(scale_block), 4, nodes, gpus_per_node)
+    def exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int, two_levels: bool,
+                   fp32_size: float) -> float:
+        """A compressed exchange of `size` bytes, flat over all ranks or in two levels (the node's
+        fp32 buffer of `fp32_size` bytes reduced and gathered inside the node)."""
+        if not two_levels:
+            return self.pairwise_exchange_s(size, collectives, nodes, gpus_per_node)
+        inside = ring_allreduce_bytes(fp32_size, gpus_per_node) / self.intra_bytes_per_s \
+            + 2 * (gpus_per_node - 1) * self.intra_latency_s
+        return inside + self.pairwise_exchange_s(size, collectives, nodes, 1)
 
     def pairwise_exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int) -> float:
         """A reduce-scatter by all-to-all and an all-gather of `size` bytes (compressed) among all
@@ -141,6 +154,7 @@ class Workload:
     zero_one_schedule: tuple[int, int, int, int] = (100000, 16, 32678, 16)
     inner_steps: int = 50       # DiLoCo's H
     outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8
+    hierarchy: str | bool = "auto"  # the config's commodity_bert.hierarchy.enabled (comm/topology.py)
     notes: list[str] = field(default_factory=list)
 
 
@@ -156,6 +170,18 @@ class StepEstimate:
     @property
     def step_s(self) -> float:
         return self.compute_s + self.comm_s
+
+
+def two_levels(work: Workload, nodes: int, gpus_per_node: int) -> bool:
+    """Whether the compressed exchanges run in two levels, as comm/topology.py chooses."""
+    return gpus_per_node > 1 and (work.hierarchy is True or (work.hierarchy == "auto" and nodes > 1))
+
+
+def compressed_bytes_per_rank(size: float, fp32_size: float, nodes: int, gpus_per_node: int, levels: bool) -> float:
+    """What one rank sends for a compressed exchange of `size` bytes (the metrics' bytes_sent)."""
+    if not levels:
+        return ring_allreduce_bytes(size, nodes * gpus_per_node)
+    return ring_allreduce_bytes(fp32_size, gpus_per_node) + ring_allreduce_bytes(size / gpus_per_node, nodes)
 
 
 def accumulation_steps(work: Workload, world: int) -> int:
@@ -177,9 +203,11 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
     accumulation = accumulation_steps(work, world)
     compute = accumulation * work.fb_s + work.optimizer_s
     flag = work.wrapped and world > 1  # the fp16/bf16 wrapper agrees on overflows when the engine's allreduce is off
+    levels, fp32_size = two_levels(work, nodes, gpus_per_node), 4.0 * work.params
+    onebit_size = work.params * onebit_bytes_per_element(work.scale_block)
     if optimizer == "onebit_lamb" and stage == "compressed":  # no gradient allreduce: its own flatten
-        exchange = net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
-        sent = ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
+        exchange = net.exchange_s(onebit_size, 4, nodes, gpus_per_node, levels, fp32_size)
+        sent = compressed_bytes_per_rank(onebit_size, fp32_size, nodes, gpus_per_node, levels)
         if flag:
             exchange, sent = exchange + net.allreduce_s(1.0, nodes, gpus_per_node), sent + ring_allreduce_bytes(1.0, world)
         return StepEstimate(compute + work.compress_s, exchange, exchange, sent, (4 + flag) if world > 1 else 0)
@@ -189,8 +217,9 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         compute += work.optimizer_s  # the outer update's passes over the parameters
         if work.outer_compression == "int8":
             size = work.params * (1 + 4 / INT8_BLOCK)
-            seconds = net.pairwise_exchange_s(size, 2, nodes, gpus_per_node)
-            return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 2 if world > 1 else 0)
+            seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, fp32_size)
+            sent = compressed_bytes_per_rank(size, fp32_size, nodes, gpus_per_node, levels)
+            return StepEstimate(compute, seconds, seconds, sent, 2 if world > 1 else 0)
         size = work.params * (2.0 if work.outer_compression == "bf16" else 4.0)
         seconds = net.allreduce_s(size, nodes, gpus_per_node)
         return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
@@ -202,8 +231,8 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         if stage in ("onebit", "sync"):
             compute += work.compress_s
         if stage in ("onebit", "sync") and world > 1:
-            seconds += net.onebit_exchange_s(work.params, work.scale_block, nodes, gpus_per_node)
-            sent += ring_allreduce_bytes(work.params * onebit_bytes_per_element(work.scale_block), world)
+            seconds += net.exchange_s(onebit_size, 4, nodes, gpus_per_node, levels, fp32_size)
+            sent += compressed_bytes_per_rank(onebit_size, fp32_size, nodes, gpus_per_node, levels)
             rounds += 4
         return StepEstimate(compute, seconds, seconds, sent, rounds)
     compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
