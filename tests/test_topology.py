@@ -3,6 +3,7 @@ CROSS_RANK, as DeepSpeed's launcher sets it): the nodes found, the 1-bit allredu
 average in two levels against the flat ones and the exact mean, and the bytes that cross
 between nodes."""
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -104,7 +105,10 @@ def test_two_levels_on_two_nodes_of_two_ranks():
     signs, scales = NUMEL // 8, NUMEL // 256 * 4
     flat_rank = (signs + scales) // 2 + 3 * (signs + scales) // 4 // 2  # a2a to 2 of 4 ranks; ring: 1 of 2 neighbours
     assert per_node["flat"] == [2 * flat_rank] * 2, per_node
-    assert all(results[r]["two_level"]["sent"] > results[r]["two_level"]["between_sent"] for r in range(WORLD))
+    # inside a CPU node the fp32 steps go through shared memory, not gloo: all that is sent crosses,
+    # and no segment is left in /dev/shm
+    assert all(results[r]["two_level"]["sent"] == results[r]["two_level"]["between_sent"] for r in range(WORLD))
+    assert not [p for p in Path("/dev/shm").iterdir() if p.name.startswith("commodity_bert_")]
 
 
 def test_topology_choices_from_the_node_keys():

@@ -1,4 +1,4 @@
-"""Bytes this rank sends and receives over the network, counted for every collective whoever calls it."""
+"""Bytes this rank sends and receives, and of them those between nodes, counted for every collective whoever calls it."""
 from __future__ import annotations
 
 import functools
@@ -294,6 +294,15 @@ class BytesCounter:
     irecvs of batch_isend_irecv their tensors. Over a group the received bytes sum to the sent.
     Barriers carry no payload and are not counted. tests/test_multihost.py checks the figures
     against the hosts' interface counters in a training run.
+
+    Between nodes (`node_of`, each global rank's node: comm/topology.py): of those bytes, the ones
+    to and from ranks on other nodes, which is what a node's network link carries; the rest stay
+    on the node (NVLink, PCIe, loopback). A group on one node sends none between nodes, a group of
+    one rank per node all; a group with several ranks on some node counts per peer: ring
+    collectives half to each ring neighbour (exact for a node's consecutive ranks together,
+    whichever way gloo turns the ring), broadcasts along the binomial tree, reduce's ring and its
+    chunk to the root, all-to-all, gather, scatter and point-to-point by their peers. On 2
+    namespace hosts of 2 ranks, the two hosts' eth0 agreed within 0.5% (tests/test_multihost.py).
     """
 
     def __init__(self, node_of: list[int] | None = None):

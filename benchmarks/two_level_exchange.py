@@ -1,0 +1,120 @@
+"""The two-level exchange (comm/topology.py) against the flat one, measured: 2 namespace hosts of
+2 ranks each (hostfile slots=2), the link rate-limited, 1-bit LAMB's compressed stage, 0/1 Adam's
+1-bit steps and DiLoCo's int8 outer steps with `"hierarchy": {"enabled": false}` and with the
+default (two levels on more than one node).
+
+For each variant: the median step time of the steady windows, what a host's link sent per step
+by the metrics (`node_bytes_sent`) and by node1's eth0, and bert-plan's step model for the same
+exchange at the set rate (communication only: the compute of 4 ranks on 2 shared cores is not
+a GPU node's).
+
+    sudo python benchmarks/two_level_exchange.py [--link 100mbit] [--json OUT] [--markdown OUT.md]
+
+fp32, `mini`, micro-batch 2, as slow_links_timing.py's runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+from slow_links_timing import config_of  # noqa: E402
+from slow_network import one_thread_per_rank, run_variant, set_up  # noqa: E402
+from tools.netns_cluster import Cluster  # noqa: E402
+
+from commodity_bert.plan.step_model import Network, Workload, parse_rate, step_estimate  # noqa: E402
+
+HOSTS, SLOTS, FREEZE = 2, 2, 4
+VARIANTS = {  # variant: (config variant, planner optimizer and stage, steps, log every, first steady step)
+    "onebit_lamb": ("onebit_lamb", ("onebit_lamb", "compressed"), 12, 2, FREEZE + 2),
+    "zero_one_adam": ("zero_one_adam", ("zero_one_adam", "onebit"), 31, 10, 11),
+    "diloco_int8_h10": ("diloco_h10", ("diloco", "outer"), 31, 10, 1),
+}
+
+
+def config(variant: str, micro_batch: int, levels: bool) -> dict:
+    base, _, steps, _, _ = VARIANTS[variant]
+    c = config_of(base, micro_batch, steps)
+    if variant.startswith("diloco"):
+        c["commodity_bert"]["diloco"]["compression"] = "int8"
+    c.setdefault("commodity_bert", {})["hierarchy"] = {"enabled": "auto" if levels else False}
+    return c
+
+
+def planned(variant: str, params: int, rate: float, levels: bool) -> dict:
+    """bert-plan's communication for one exchange of the variant's kind, at the set rate."""
+    optimizer, stage = VARIANTS[variant][1]
+    work = Workload(name=variant, params=params, global_batch=HOSTS * SLOTS * 2, micro_batch=2, steps=1,
+                    grad_bytes=4, fb_s=0.0, optimizer_s=0.0, scale_block=256 if optimizer == "onebit_lamb" else 32,
+                    outer_compression="int8", hierarchy="auto" if levels else False)
+    net = Network(link_bytes_per_s=rate, latency_s=0.0, intra_bytes_per_s=rate * 1000)  # shared memory
+    step = step_estimate(work, optimizer, stage, HOSTS, SLOTS, net)
+    return {"planned_comm_s": step.comm_s}
+
+
+def parameters(model: str, data: Path) -> int:
+    from commodity_bert.data.shard_format import load_manifest
+    from commodity_bert.model.bert import build_config, build_model
+    manifest = load_manifest(data)
+    hf_model = build_model(build_config(model, manifest["vocab"]["size"]), nsp=manifest["nsp"])
+    return sum(p.numel() for p in hf_model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--link", default="100mbit")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--model", default="mini")
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--work")
+    parser.add_argument("--json")
+    parser.add_argument("--markdown")
+    args = parser.parse_args()
+    work, data = set_up("two_level_exchange.py", args.work)
+    params = parameters(args.model, data)
+    cluster = Cluster.up(work / "cluster", HOSTS, slots=SLOTS, rate=args.link)
+    one_thread_per_rank(cluster)
+    results = []
+    try:
+        for variant in args.variants:
+            for levels in (False, True):
+                _, _, steps, log_every, first = VARIANTS[variant]
+                args.steps, args.log_every, args.freeze_step = steps, log_every, FREEZE
+                args.current_rate = f"{args.link}_{'two_levels' if levels else 'flat'}"
+                measured = run_variant(cluster, data, work, f"{variant}_{'two' if levels else 'flat'}", args,
+                                       config=config(variant, args.micro_batch, levels), first_steady=first,
+                                       last_steady=steps - 1)
+                measured.pop("windows")
+                results.append({**measured, "variant": variant, "levels": "two" if levels else "flat",
+                                **planned(variant, params, parse_rate(args.link), levels)})
+                print(json.dumps(results[-1]), flush=True)
+    finally:
+        cluster.down()
+    lines = ["| variant | exchange | s/step | node bytes/step (metrics) | node1 eth0 bytes/step |",
+             "|---|---|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['variant']} | {r['levels']} | {r['step_s']:.3f} | {r['node_bytes']:,.0f} | "
+                     f"{r['bytes_interface']:,.0f} |")
+    by = {(r["variant"], r["levels"]): r for r in results}
+    lines += ["", "| variant | node bytes flat / two levels | s/step flat − two levels | planned comm s flat − two |",
+              "|---|---:|---:|---:|"]
+    for variant in args.variants:
+        flat, two = by[(variant, "flat")], by[(variant, "two")]
+        lines.append(f"| {variant} | {flat['node_bytes'] / two['node_bytes']:.2f} | "
+                     f"{flat['step_s'] - two['step_s']:+.3f} | {flat['planned_comm_s'] - two['planned_comm_s']:+.3f} |")
+    text = "\n".join(lines)
+    print(f"\n{args.model}, fp32, micro-batch {args.micro_batch}, {HOSTS} hosts of {SLOTS} ranks at {args.link}; "
+          f"medians of the steady windows\n\n{text}")
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "current_rate"},
+                                               "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
