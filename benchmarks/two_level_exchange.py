@@ -3,7 +3,8 @@
 1-bit steps and DiLoCo's int8 outer steps with `"hierarchy": {"enabled": false}` and with the
 default (two levels on more than one node).
 
-For each variant: the median step time of the steady windows, what a host's link sent per step
+For each variant, `--repeats` runs of each exchange, alternating: the median step time of the
+steady windows (the median over the runs in the table, each run's beside it), what a host's link sent per step
 by the metrics (`node_bytes_sent`) and by node1's eth0, and bert-plan's step model for the same
 exchange at the set rate (communication only: the compute of 4 ranks on 2 shared cores is not
 a GPU node's).
@@ -30,7 +31,7 @@ from commodity_bert.plan.step_model import Network, Workload, parse_rate, step_e
 
 HOSTS, SLOTS, FREEZE = 2, 2, 4
 VARIANTS = {  # variant: (config variant, planner optimizer and stage, steps, log every, first steady step)
-    "onebit_lamb": ("onebit_lamb", ("onebit_lamb", "compressed"), 12, 2, FREEZE + 2),
+    "onebit_lamb": ("onebit_lamb", ("onebit_lamb", "compressed"), 20, 2, FREEZE + 2),
     "zero_one_adam": ("zero_one_adam", ("zero_one_adam", "onebit"), 31, 10, 11),
     "diloco_int8_h10": ("diloco_h10", ("diloco", "outer"), 31, 10, 1),
 }
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--model", default="mini")
     parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant and exchange, alternating")
     parser.add_argument("--work")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
@@ -78,26 +80,35 @@ def main() -> None:
     params = parameters(args.model, data)
     cluster = Cluster.up(work / "cluster", HOSTS, slots=SLOTS, rate=args.link)
     one_thread_per_rank(cluster)
-    results = []
+    runs = []
     try:
-        for variant in args.variants:
-            for levels in (False, True):
-                _, _, steps, log_every, first = VARIANTS[variant]
-                args.steps, args.log_every, args.freeze_step = steps, log_every, FREEZE
-                args.current_rate = f"{args.link}_{'two_levels' if levels else 'flat'}"
-                measured = run_variant(cluster, data, work, f"{variant}_{'two' if levels else 'flat'}", args,
-                                       config=config(variant, args.micro_batch, levels), first_steady=first,
-                                       last_steady=steps - 1)
-                measured.pop("windows")
-                results.append({**measured, "variant": variant, "levels": "two" if levels else "flat",
-                                **planned(variant, params, parse_rate(args.link), levels)})
-                print(json.dumps(results[-1]), flush=True)
+        for repeat in range(args.repeats):
+            for variant in args.variants:
+                for levels in (False, True):
+                    _, _, steps, log_every, first = VARIANTS[variant]
+                    args.steps, args.log_every, args.freeze_step = steps, log_every, FREEZE
+                    args.current_rate = f"{args.link}_{'two_levels' if levels else 'flat'}_{repeat}"
+                    measured = run_variant(cluster, data, work, f"{variant}_{'two' if levels else 'flat'}", args,
+                                           config=config(variant, args.micro_batch, levels), first_steady=first,
+                                           last_steady=steps - 1)
+                    measured.pop("windows")
+                    runs.append({**measured, "variant": variant, "levels": "two" if levels else "flat",
+                                 "repeat": repeat, **planned(variant, params, parse_rate(args.link), levels)})
+                    print(json.dumps(runs[-1]), flush=True)
     finally:
         cluster.down()
-    lines = ["| variant | exchange | s/step | node bytes/step (metrics) | node1 eth0 bytes/step |",
+    results = []  # per variant and exchange: the median over the repeats
+    for variant in args.variants:
+        for levels in ("flat", "two"):
+            same = [r for r in runs if (r["variant"], r["levels"]) == (variant, levels)]
+            results.append({**same[0], **{k: statistics.median(r[k] for r in same)
+                                          for k in ("step_s", "node_bytes", "bytes_interface", "bytes_metrics")},
+                            "step_s_runs": [r["step_s"] for r in same]})
+    lines = ["| variant | exchange | s/step (median; runs) | node bytes/step (metrics) | node1 eth0 bytes/step |",
              "|---|---|---:|---:|---:|"]
     for r in results:
-        lines.append(f"| {r['variant']} | {r['levels']} | {r['step_s']:.3f} | {r['node_bytes']:,.0f} | "
+        each = ", ".join(f"{x:.3f}" for x in r["step_s_runs"])
+        lines.append(f"| {r['variant']} | {r['levels']} | {r['step_s']:.3f} ({each}) | {r['node_bytes']:,.0f} | "
                      f"{r['bytes_interface']:,.0f} |")
     by = {(r["variant"], r["levels"]): r for r in results}
     lines += ["", "| variant | node bytes flat / two levels | s/step flat − two levels | planned comm s flat − two |",
@@ -113,7 +124,7 @@ def main() -> None:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "current_rate"},
-                                               "results": results}, indent=1))
+                                               "results": results, "runs": runs}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ and the compression error is that of N workers, not N·L. With one node (N = 1) 
 compressed: the average is exact.
 
 Which node a rank is on comes from the launcher, not a setting: DeepSpeed's launch.py exports
-CROSS_RANK, the node's line in the hostfile (whose slots say how many ranks it runs); under
-`srun` SLURM_NODEID; else the host name. Ranks gather these once at start.
+CROSS_RANK, the node's line in the hostfile (whose slots say how many ranks it runs); torchrun
+GROUP_RANK; `srun` SLURM_NODEID; else the host name (mpirun). Ranks gather these once at start.
 
 Selected by the project block of the DeepSpeed config:
     "commodity_bert": {"hierarchy": {"enabled": "auto"}}
@@ -55,7 +55,7 @@ def check_setting(ds_config: dict) -> str | None:
 
 def node_key() -> str:
     """This rank's node, as the launcher knows it."""
-    for variable in ("CROSS_RANK", "SLURM_NODEID"):
+    for variable in ("CROSS_RANK", "GROUP_RANK", "SLURM_NODEID"):  # DeepSpeed's launch.py, torchrun, srun
         if os.environ.get(variable):
             return f"{variable}={os.environ[variable]}"
     return f"host={socket.gethostname()}"
@@ -82,8 +82,10 @@ class Topology:
 
     def describe(self) -> str:
         sizes = self.ranks_per_node
+        if len(sizes) == 1:
+            return f"1 node of {sizes[0]} ranks"
         per_node = f"{sizes[0]} ranks each" if len(set(sizes)) == 1 else f"{sizes} ranks"
-        return f"{len(self.nodes)} node{'s' if len(self.nodes) > 1 else ''} of {per_node}"
+        return f"{len(self.nodes)} nodes of {per_node}"
 
     def choose(self, setting) -> tuple[bool, str | None]:
         """(whether to exchange in two levels, a line to print where the choice needs saying)."""
