@@ -27,7 +27,7 @@ from slow_links_timing import config_of  # noqa: E402
 from slow_network import one_thread_per_rank, run_variant, set_up  # noqa: E402
 from tools.netns_cluster import Cluster  # noqa: E402
 
-from commodity_bert.plan.step_model import Network, Workload, parse_rate, step_estimate  # noqa: E402
+from commodity_bert.plan.step_model import Network, Workload, parse_rate, step_estimates  # noqa: E402
 
 HOSTS, SLOTS, FREEZE = 2, 2, 4
 VARIANTS = {  # variant: (config variant, planner optimizer and stage, steps, log every, first steady step)
@@ -47,14 +47,18 @@ def config(variant: str, micro_batch: int, levels: bool) -> dict:
 
 
 def planned(variant: str, params: int, rate: float, levels: bool) -> dict:
-    """bert-plan's communication for one exchange of the variant's kind, at the set rate."""
-    optimizer, stage = VARIANTS[variant][1]
-    work = Workload(name=variant, params=params, global_batch=HOSTS * SLOTS * 2, micro_batch=2, steps=1,
+    """bert-plan's communication at the set rate, per step over the same steady steps the
+    measurement takes (0/1 Adam's schedule and DiLoCo's rounds as the configs above set them)."""
+    optimizer, _ = VARIANTS[variant][1]
+    _, _, steps, _, first = VARIANTS[variant]
+    work = Workload(name=variant, params=params, global_batch=HOSTS * SLOTS * 2, micro_batch=2, steps=steps,
                     grad_bytes=4, fb_s=0.0, optimizer_s=0.0, scale_block=256 if optimizer == "onebit_lamb" else 32,
+                    freeze_step=FREEZE, zero_one_schedule=(FREEZE, 2, 2, 5), inner_steps=10,
                     outer_compression="int8", hierarchy="auto" if levels else False)
     net = Network(link_bytes_per_s=rate, latency_s=0.0, intra_bytes_per_s=rate * 1000)  # shared memory
-    step = step_estimate(work, optimizer, stage, HOSTS, SLOTS, net)
-    return {"planned_comm_s": step.comm_s}
+    per_step, _ = step_estimates(work, optimizer, HOSTS, SLOTS, net)
+    steady = per_step[first - 1: steps - 1]
+    return {"planned_comm_s": statistics.fmean(s.comm_s for s in steady)}
 
 
 def parameters(model: str, data: Path) -> int:
@@ -75,9 +79,16 @@ def main() -> None:
     parser.add_argument("--work")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
+    parser.add_argument("--from-json", help="tabulate this file's runs again (the plan recomputed) instead of running")
     args = parser.parse_args()
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        params = saved["args"].get("params") or parameters(saved["args"]["model"], Path(saved["args"]["work"]) / "seq128")
+        args.params = params
+        report(args, saved["runs"], params)
+        return
     work, data = set_up("two_level_exchange.py", args.work)
-    params = parameters(args.model, data)
+    args.params = params = parameters(args.model, data)
     cluster = Cluster.up(work / "cluster", HOSTS, slots=SLOTS, rate=args.link)
     one_thread_per_rank(cluster)
     runs = []
@@ -97,8 +108,15 @@ def main() -> None:
                     print(json.dumps(runs[-1]), flush=True)
     finally:
         cluster.down()
+    report(args, runs, params)
+
+
+def report(args, runs: list[dict], params: int) -> None:
+    for r in runs:  # the plan as the current step model makes it
+        r.update(planned(r["variant"], params, parse_rate(args.link), r["levels"] == "two"))
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
     results = []  # per variant and exchange: the median over the repeats
-    for variant in args.variants:
+    for variant in variants:
         for levels in ("flat", "two"):
             same = [r for r in runs if (r["variant"], r["levels"]) == (variant, levels)]
             results.append({**same[0], **{k: statistics.median(r[k] for r in same)
@@ -111,9 +129,9 @@ def main() -> None:
         lines.append(f"| {r['variant']} | {r['levels']} | {r['step_s']:.3f} ({each}) | {r['node_bytes']:,.0f} | "
                      f"{r['bytes_interface']:,.0f} |")
     by = {(r["variant"], r["levels"]): r for r in results}
-    lines += ["", "| variant | node bytes flat / two levels | s/step flat − two levels | planned comm s flat − two |",
+    lines += ["", "| variant | node bytes flat / two levels | s/step flat − two levels | planned comm s/step flat − two |",
               "|---|---:|---:|---:|"]
-    for variant in args.variants:
+    for variant in variants:
         flat, two = by[(variant, "flat")], by[(variant, "two")]
         lines.append(f"| {variant} | {flat['node_bytes'] / two['node_bytes']:.2f} | "
                      f"{flat['step_s'] - two['step_s']:+.3f} | {flat['planned_comm_s'] - two['planned_comm_s']:+.3f} |")
@@ -125,7 +143,6 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "current_rate"},
                                                "results": results, "runs": runs}, indent=1))
-
 
 if __name__ == "__main__":
     main()
