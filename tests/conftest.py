@@ -331,6 +331,15 @@ MODE_CASES = {
     "diloco": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", ACCUMULATION, 20, 15, 5, ("outer_rounds",),
                        ({"commodity_bert.bucketwise_clipping": {"enabled": True}},
                         "DiLoCo and bucket-wise clipping cannot be combined")),
+    # Streaming DiLoCo: 2 fragments (round ends at 3, 6, 9, 12), each exchange behind 2 inner steps,
+    # int4 with stochastic rounding and error feedback: the checkpoint at 7 waits for the update of
+    # step 6, due at 8, and the relaunch must apply it there; an evaluation at 7 while it is in flight
+    "diloco_streaming": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", {
+        "commodity_bert.diloco.inner_steps": 6, "commodity_bert.diloco.fragments": 2,
+        "commodity_bert.diloco.overlap_steps": 2, "commodity_bert.diloco.compression": "int4",
+        "commodity_bert.diloco.rounding": "stochastic", "commodity_bert.diloco.error_feedback": True},
+        14, 7, 7, ("outer_rounds",),
+        ({"commodity_bert.diloco.overlap_steps": 10}, "diloco overlap_steps 10: give 0 to 9")),
 }
 
 

@@ -69,6 +69,13 @@ def test_the_schedules_put_the_resume_where_the_mode_is_mid_flight():
     diloco = MODE_CASES["diloco"]
     inner = json.loads((CONFIGS / diloco.config).read_text())["commodity_bert"]["diloco"]["inner_steps"]
     assert diloco.resume_at % inner != 0 and diloco.steps % inner == 0
+    streaming = MODE_CASES["diloco_streaming"].changes
+    inner, fragments = streaming["commodity_bert.diloco.inner_steps"], streaming["commodity_bert.diloco.fragments"]
+    overlap = streaming["commodity_bert.diloco.overlap_steps"]
+    ends = [t for t in range(1, MODE_CASES["diloco_streaming"].steps) if t % inner in
+            {p * inner // fragments for p in range(fragments)}]
+    resume = MODE_CASES["diloco_streaming"].resume_at
+    assert any(end < resume < end + overlap for end in ends)  # an update in flight at the checkpoint
 
 
 @pytest.mark.parametrize("name", list(MODE_CASES))

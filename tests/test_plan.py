@@ -18,6 +18,7 @@ from commodity_bert.plan.step_model import (
     recipe_rows,
     ring_allreduce_bytes,
     step_estimate,
+    step_sequence,
 )
 
 ROW_KEYS = {"optimizer", "nodes", "gpus", "step_s", "compute_s", "comm_s", "seq_per_s", "efficiency", "days", "usd"}
@@ -112,7 +113,19 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
         assert outer.compute_s == pytest.approx(2.2)  # and the outer update's pass
     # H = 10 over 25 steps: outer steps at 10, 20 and 25 (the last step ends a round too)
     phase = phase_estimate(work(steps=25, inner_steps=10), "diloco", 4, 1, latency)
-    assert (phase["stages"]["inner"]["steps"], phase["stages"]["outer"]["steps"]) == (22, 3)
+    assert [(k, v["steps"]) for k, v in phase["stages"].items()] == [("inner", 22), ("outer", 2), ("final", 1)]
+    # streamed: 4 fragments of int4 each a quarter of the parameters, every H/4 steps, the exchange
+    # behind the next inner step's compute; the last step syncs the whole model, blocking
+    streamed = work(outer_compression="int4", fragments=4, overlap_steps=1, inner_steps=8, steps=20)
+    quarter = 1e8 / 4 * (0.5 + 4 / 256)
+    outer = step_estimate(streamed, "diloco", "outer", 4, 1, latency)
+    assert outer.bytes_per_rank == pytest.approx(1.5 * quarter) and outer.rounds == 2
+    assert outer.comm_total_s == pytest.approx(1.5 * quarter / 1.25e9 + 2 * 3 * 0.01) and outer.comm_s == 0.0
+    final = step_estimate(streamed, "diloco", "final", 4, 1, latency)
+    assert final.comm_s == pytest.approx(1.5 * 4 * quarter / 1.25e9 + 2 * 3 * 0.01)
+    phase = phase_estimate(streamed, "diloco", 4, 1, latency)  # round ends at 2, 4, …, 18, then 20
+    assert [(k, v["steps"]) for k, v in phase["stages"].items()] == [("inner", 10), ("outer", 9), ("final", 1)]
+    assert step_sequence(streamed, "diloco").count("outer") == 9
 
 
 def test_compressed_exchanges_in_two_levels_by_hand():
@@ -194,8 +207,9 @@ def test_estimate_cli_knows_the_slow_link_modes_from_the_shipped_configs(tmp_pat
     assert [p["steps"] for p in zero_one["phases"]] == [112608, 12504]
     assert set(zero_one["phases"][0]["stages"]) == {"full", "onebit", "local", "sync"}
     # DiLoCo: H = 50 and a bf16 pseudo-gradient, against LAMB's fp16 allreduce every step: 50× fewer bytes
-    outer = diloco["phases"][0]["stages"]["outer"]
-    assert outer["steps"] == -(-7038 // 50) and outer["rounds_per_step"] == 1
+    stages = diloco["phases"][0]["stages"]
+    assert stages["outer"]["steps"] + stages["final"]["steps"] == -(-7038 // 50)  # every 50th, and the last
+    assert stages["outer"]["rounds_per_step"] == 1
     assert lamb["bytes_per_rank"] / diloco["bytes_per_rank"] == pytest.approx(50, rel=0.01)
     assert diloco["comm_s"] < lamb["comm_s"] / 40
 

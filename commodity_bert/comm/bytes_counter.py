@@ -313,6 +313,7 @@ class BytesCounter:
         self.received_between = 0
         self.node_of = node_of  # each global rank's node (comm/topology.py); None: a node per rank
         self._group_nodes: dict = {}
+        self._per_thread: dict[int, dict[str, int]] = {}  # thread → its own counters (snapshot)
         self.calls = 0  # collective calls this rank took part in (outermost only): `comm_rounds`
         self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
         self._depth = threading.local()  # this counter's nesting depth per thread
@@ -322,7 +323,13 @@ class BytesCounter:
     FIELDS = {"bytes_sent": "total", "bytes_received": "received", "bytes_sent_between_nodes": "total_between",
               "bytes_received_between_nodes": "received_between", "comm_rounds": "calls"}
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self, this_thread: bool = False) -> dict[str, int]:
+        """The counters so far: every thread's, or (this_thread) the calling thread's alone, which
+        tells the loop's own collectives from those of an exchange running beside it (DiLoCo's
+        overlapped outer steps)."""
+        if this_thread:
+            mine = self._per_thread.get(threading.get_ident(), {})
+            return {field: mine.get(field, 0) for field in self.FIELDS}
         return {field: getattr(self, attribute) for field, attribute in self.FIELDS.items()}
 
     def install(self) -> BytesCounter:
@@ -376,6 +383,9 @@ class BytesCounter:
                     self.total_between += sent_between
                     self.received_between += got_between
                     self.calls += 1
+                    mine = self._per_thread.setdefault(threading.get_ident(), dict.fromkeys(self.FIELDS, 0))
+                    for field, value in zip(self.FIELDS, (sent, got, sent_between, got_between, 1)):
+                        mine[field] += value
             return result
         return counted
 

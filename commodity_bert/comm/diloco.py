@@ -1,5 +1,7 @@
-"""DiLoCo (Douillard et al., arXiv 2311.08105; docs/ALGORITHMS.md, "DiLoCo"): ranks train alone
-for H inner steps, then average how far they moved and take one outer step.
+"""DiLoCo (Douillard et al., arXiv 2311.08105) and Streaming DiLoCo (arXiv 2501.18512;
+docs/ALGORITHMS.md, "DiLoCo"): ranks train alone for H inner steps, then average how far they
+moved and take one outer step; streamed, the model is split into fragments synced at staggered
+steps, each exchange overlapped with the next inner steps.
 
 Each round starts from parameters θ that every rank holds alike. A rank takes `inner_steps`
 steps with the inner optimizer (the config's own: LAMB, AdamW; its state stays local) on its own
@@ -14,30 +16,47 @@ Every rank computes the same θ from the same averaged Δ, writes it into the fp
 inner optimizer updates (DeepSpeed's master copies under fp16/bf16) and into the model, and
 starts the next round. One parameter-sized exchange per H steps instead of one per step.
 
+Streaming (`fragments` P > 1): the parameters are split into P fragments by transformer layer,
+strided (layer l in fragment l mod P; embeddings and heads each to the smallest fragment), and
+fragment p has its round end at the steps t with t mod H = ⌊p·H/P⌋: the same bytes per H steps,
+a P-th of them at a time. With `overlap_steps` τ > 0 the fragment's Δ is computed at its round
+end and averaged in the background (a thread of its own, on process groups of its own) while the
+next τ inner steps run; at step t + τ the outer step is taken and the rank's fragment becomes
+α·θ_local + (1 − α)·θ (α = `merge`, the paper's mixing factor), so the τ steps taken meanwhile
+are kept in part. With τ = 0 the rank takes θ (α is not used). Each update is applied exactly once;
+a checkpoint taken while one is in flight waits for it and saves the averaged Δ with the step it
+is due, so a resumed run applies it where the uninterrupted one would. The last step of a run
+ends every fragment's round, without overlap: what the run evaluates and exports is one model.
+
 Written here because neither DeepSpeed nor torch has it. Selected by the project block of the
 DeepSpeed config:
     "commodity_bert": {"diloco": {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9,
                                   "nesterov": true, "compression": "none"}}
 `compression` is how Δ travels: "none" (fp32 allreduce, 4 bytes a parameter), "bf16" (bf16
-allreduce, 2), "int8" (8-bit values with one fp32 scale per 256, reduced through an all-to-all and
-an all-gather as the 1-bit allreduce is: about 1 byte a parameter each way).
+allreduce, 2), "int8" or "int4" (8- or 4-bit values with one fp32 scale per 256, reduced through
+an all-to-all and an all-gather as the 1-bit allreduce is: about 1 or 0.5 byte a parameter each
+way; lowbit.py), `rounding` "nearest" or "stochastic" and `error_feedback` (int8, int4) how.
 `outer_state_device`: where θ and b live (2 × 4 bytes a parameter): "auto" (the accelerator if
 it has room for them with a quarter to spare, else host memory), "cpu" or "accelerator".
 """
 from __future__ import annotations
 
 import contextlib
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
+from commodity_bert.comm.lowbit import ROUNDINGS, LowBitAverage
 from commodity_bert.optim.precision import MasterParams
 
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
-            "compression": "none", "outer_state_device": "auto"}
-COMPRESSIONS = ("none", "bf16", "int8")
+            "compression": "none", "outer_state_device": "auto", "rounding": "nearest", "error_feedback": False,
+            "fragments": 1, "overlap_steps": 0, "merge": 0.5}
+COMPRESSIONS = ("none", "bf16", "int8", "int4")
 STATE_DEVICES = ("auto", "cpu", "accelerator")
-INT8_BLOCK = 256  # elements per fp32 scale: 1/64 byte a parameter of overhead
+LAYER = re.compile(r"\.layer\.(\d+)\.")
 
 
 def diloco_settings(ds_config: dict) -> dict | None:
@@ -54,8 +73,11 @@ def check_settings(settings: dict) -> str | None:
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool)
 
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
     steps = settings["inner_steps"]
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+    if not count(steps) or steps < 1:
         return f"diloco inner_steps {steps!r}: give a positive number of steps, e.g. 50"
     if not number(settings["outer_lr"]) or settings["outer_lr"] <= 0:
         return f"diloco outer_lr {settings['outer_lr']!r}: give a positive number (the paper's: 0.7)"
@@ -67,6 +89,18 @@ def check_settings(settings: dict) -> str | None:
         return f"diloco compression {settings['compression']!r}: give one of {', '.join(COMPRESSIONS)}"
     if settings["outer_state_device"] not in STATE_DEVICES:
         return f"diloco outer_state_device {settings['outer_state_device']!r}: give one of {', '.join(STATE_DEVICES)}"
+    if settings["rounding"] not in ROUNDINGS:
+        return f"diloco rounding {settings['rounding']!r}: give one of {', '.join(ROUNDINGS)}"
+    if not isinstance(settings["error_feedback"], bool):
+        return f"diloco error_feedback {settings['error_feedback']!r}: give true or false"
+    if not count(settings["fragments"]) or not 1 <= settings["fragments"] <= steps:
+        return (f"diloco fragments {settings['fragments']!r}: give a number of fragments from 1 to inner_steps "
+                f"({steps}), e.g. 4")
+    if not count(settings["overlap_steps"]) or not 0 <= settings["overlap_steps"] < steps:
+        return (f"diloco overlap_steps {settings['overlap_steps']!r}: give 0 to {steps - 1} (fewer than inner_steps, "
+                f"so a fragment's update lands before its next round ends)")
+    if not number(settings["merge"]) or not 0 <= settings["merge"] <= 1:
+        return f"diloco merge {settings['merge']!r}: give a number in [0, 1] (the paper's: 0.5)"
     return None
 
 
@@ -79,8 +113,57 @@ def _state_device(choice: str, master_device: torch.device, numel: int) -> torch
     return master_device if free > 1.25 * 2 * 4 * numel else torch.device("cpu")
 
 
+def split_into_fragments(masters: MasterParams, names: dict, count: int) -> list[list[tuple[int, int, int]]]:
+    """Each fragment as pieces (master tensor, start, end) of the flat master tensors: transformer
+    layer l in fragment l mod `count` (strided, as the paper's best pattern), every other
+    parameter (embeddings, pooler, heads) in the smallest fragment so far. `names`: model
+    parameter → its name."""
+    units = []  # (layer or None, piece)
+    for index, covered in enumerate(masters.model_params()):
+        offset = 0
+        for param in covered:
+            match = LAYER.search(names.get(param, ""))
+            units.append((int(match.group(1)) if match else None, (index, offset, offset + param.numel())))
+            offset += param.numel()
+    fragments, sizes = [[] for _ in range(count)], [0] * count
+    for layer, piece in sorted(units, key=lambda u: u[0] is None):  # the layers first, then the rest
+        f = layer % count if layer is not None else sizes.index(min(sizes))
+        fragments[f].append(piece)
+        sizes[f] += piece[2] - piece[1]
+    return fragments
+
+
+class Fragment:
+    """One fragment: where its values lie in the masters and in the flat θ, and how it travels."""
+
+    def __init__(self, pieces, bases: list[int]):
+        self.pieces = pieces
+        self.flat = [(bases[i] + a, bases[i] + b) for i, a, b in pieces]  # ranges in the flat θ
+        self.numel = sum(b - a for a, b in self.flat)
+        self.offset = 0  # its round ends at steps t with t mod H = offset
+        self.average = None  # callable: the mean of a flat fp32 tensor over the ranks
+
+    def take(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.cat([flat[a:b] for a, b in self.flat])
+
+    def put(self, flat: torch.Tensor, values: torch.Tensor) -> None:
+        offset = 0
+        for a, b in self.flat:
+            flat[a:b].copy_(values[offset: offset + b - a])
+            offset += b - a
+
+    def local(self, tensors) -> torch.Tensor:
+        return torch.cat([tensors[i].detach().reshape(-1)[a:b].float() for i, a, b in self.pieces])
+
+    def write_local(self, tensors, values: torch.Tensor) -> None:
+        offset = 0
+        for i, a, b in self.pieces:
+            tensors[i].data.view(-1)[a:b].copy_(values[offset: offset + b - a])
+            offset += b - a
+
+
 class DiLoCo:
-    def __init__(self, masters: MasterParams, settings: dict, hierarchy=None):
+    def __init__(self, masters: MasterParams, settings: dict, hierarchy=None, names: dict | None = None):
         self.masters = masters
         self.hierarchy = hierarchy  # two levels: comm/topology.py
         self.inner_steps = settings["inner_steps"]
@@ -88,43 +171,127 @@ class DiLoCo:
         self.momentum = settings["outer_momentum"]
         self.nesterov = settings["nesterov"]
         self.compression = settings["compression"]
+        self.settings = settings
+        self.overlap = settings["overlap_steps"]
+        self.merge = settings["merge"] if self.overlap else 0.0
         tensors = masters.tensors
         self.numel = sum(t.numel() for t in tensors)
         self.device = tensors[0].device
         self.state_device = _state_device(settings["outer_state_device"], self.device, self.numel)
-        # θ (the round's start) and b, flat fp32
+        # θ (the last synced parameters) and b, flat fp32
         self.start = torch.cat([t.detach().reshape(-1).float() for t in tensors]).to(self.state_device)
         self.velocity = torch.zeros_like(self.start)
-        self.rounds = 0
+        self.rounds = 0  # outer steps of the whole model (a fragment's counts 1/P)
+        bases, total = [], 0
+        for t in tensors:
+            bases.append(total)
+            total += t.numel()
+        pieces = split_into_fragments(masters, names or {}, settings["fragments"]) if settings["fragments"] > 1 \
+            else [[(i, 0, t.numel()) for i, t in enumerate(tensors)]]
+        self.fragments = [Fragment(p, bases) for p in pieces if p]
+        for p, fragment in enumerate(self.fragments):
+            fragment.offset = p * self.inner_steps // len(self.fragments)
+        # the exchanges run on groups of their own where they run beside the loop's collectives
+        own_groups = self.overlap > 0
+        self.groups = self._groups() if own_groups else (None, hierarchy)
+        for p, fragment in enumerate(self.fragments):
+            fragment.average = self._exchange(fragment.numel, p)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="diloco-outer") if own_groups else None
+        self.pending: dict[int, tuple[int, Future | torch.Tensor]] = {}  # fragment → (step due, averaged Δ)
+
+    def _groups(self):
+        """The process group of the background exchanges (collective: every rank, the same order):
+        gloo and NCCL keep a group's collectives in the order they were issued, so the thread's may
+        not share one with the loop's. In two levels the hierarchy's groups are the exchanges' alone."""
+        return (dist.new_group(), None) if self.hierarchy is None else (None, self.hierarchy)
+
+    def _exchange(self, numel: int, seed: int):
+        """The averaging of one fragment's Δ, as `compression` says, flat or in two levels."""
+        group, hierarchy = self.groups
+        bits = {"int8": 8, "int4": 4}.get(self.compression)
+
+        def between(size, on_group):
+            if bits is None:
+                return lambda x: average(x, self.compression, on_group)
+            return LowBitAverage(size, bits, self.device, on_group, self.settings["rounding"],
+                                 self.settings["error_feedback"], seed)
+
+        if hierarchy is None:
+            return between(numel, group)
+        part = between(hierarchy.slice_numel(numel), hierarchy.cross) if hierarchy.nodes > 1 else None
+        return _TwoLevels(hierarchy, part)
 
     def describe(self) -> str:
         masters = {"plain": "the model's own parameters", "unfused": "DeepSpeed's fp32 copies (per tensor)",
                    "flat": "DeepSpeed's fp32 copies (flat)"}[self.masters.kind]
+        sent = "fp32" if self.compression == "none" else self.compression
+        if self.compression in ("int8", "int4"):
+            sent += f" ({self.settings['rounding']} rounding{', error feedback' if self.settings['error_feedback'] else ''})"
+        streamed = ""
+        if len(self.fragments) > 1 or self.overlap:
+            streamed = (f"; {len(self.fragments)} fragment{'s' if len(self.fragments) > 1 else ''} at offsets "
+                        f"{[f.offset for f in self.fragments]}, each overlapped with {self.overlap} inner steps"
+                        f"{f' (merge {self.merge})' if self.overlap else ''}")
         return (f"an outer step every {self.inner_steps} steps (lr {self.outer_lr}, momentum {self.momentum}"
-                f"{', Nesterov' if self.nesterov else ''}), pseudo-gradient sent as "
-                f"{'fp32' if self.compression == 'none' else self.compression}; {self.numel:,} parameters, "
-                f"updated through {masters}; outer state on {self.state_device.type}, round {self.rounds}")
+                f"{', Nesterov' if self.nesterov else ''}), pseudo-gradient sent as {sent}{streamed}; "
+                f"{self.numel:,} parameters, updated through {masters}; outer state on {self.state_device.type}, "
+                f"round {self.rounds:g}")
 
     def is_round_end(self, step: int) -> bool:
-        return step % self.inner_steps == 0
+        """Whether some fragment's round ends at `step`."""
+        return any(step % self.inner_steps == f.offset for f in self.fragments)
 
-    def _flat_masters(self) -> torch.Tensor:
-        return torch.cat([t.detach().reshape(-1).float() for t in self.masters.tensors])
+    # ---- the steps
+    @torch.no_grad()
+    def after_step(self, step: int, last: bool) -> None:
+        """After the inner step `step`: updates due now applied, rounds ending now started."""
+        for p in sorted(self.pending):
+            if self.pending[p][0] <= step or last:
+                self._apply(p, self._result(p))
+        if last:  # every fragment ends its round, and the run one model
+            for p in range(len(self.fragments)):
+                self._apply(p, self.fragments[p].average(self._delta(p)), merge=0.0)
+            self.masters.push_to_model()
+            return
+        for p, fragment in enumerate(self.fragments):
+            if step % self.inner_steps != fragment.offset:
+                continue
+            if self.overlap:
+                delta = self._delta(p)
+                self.pending[p] = (step + self.overlap, self.executor.submit(fragment.average, delta))
+            else:
+                self._apply(p, fragment.average(self._delta(p)))
+        self.masters.push_to_model()
 
     @torch.no_grad()
     def outer_step(self) -> None:
-        """Average Δ over the ranks, step θ, and start every rank's next round from it."""
-        delta = self.start.to(self.device) - self._flat_masters()
-        if self.hierarchy is None:
-            delta = average(delta, self.compression)
-        else:
-            delta = self.hierarchy.average(delta, lambda part: average(part, self.compression, self.hierarchy.cross))
+        """Every fragment's round ends now, nothing overlapped (the last step of a run)."""
+        self.after_step(0, last=True)
+
+    def _delta(self, p: int) -> torch.Tensor:
+        fragment = self.fragments[p]
+        return fragment.take(self.start).to(self.device) - fragment.local(self.masters.tensors)
+
+    def _result(self, p: int) -> torch.Tensor:
+        due, result = self.pending.pop(p)
+        return result.result() if isinstance(result, Future) else result
+
+    def _apply(self, p: int, delta: torch.Tensor, merge: float | None = None) -> None:
+        """The outer step on fragment p's averaged Δ; the rank's fragment moves to the new θ (or to
+        α·local + (1 − α)·θ where the inner steps went on meanwhile)."""
+        fragment = self.fragments[p]
         delta = delta.to(self.state_device)
-        self.velocity.mul_(self.momentum).add_(delta)
-        direction = delta.add_(self.velocity, alpha=self.momentum) if self.nesterov else self.velocity
-        self.start.add_(direction, alpha=-self.outer_lr)
-        self._write_masters(self.start.to(self.device))
-        self.rounds += 1
+        velocity = fragment.take(self.velocity).mul_(self.momentum).add_(delta)
+        fragment.put(self.velocity, velocity)
+        direction = delta.add_(velocity, alpha=self.momentum) if self.nesterov else velocity
+        theta = fragment.take(self.start).add_(direction, alpha=-self.outer_lr)
+        fragment.put(self.start, theta)
+        merge = self.merge if merge is None else merge
+        theta = theta.to(self.device)
+        if merge:
+            theta = torch.lerp(theta, fragment.local(self.masters.tensors), merge)
+        fragment.write_local(self.masters.tensors, theta)
+        self.rounds += 1 / len(self.fragments)
 
     def _write_masters(self, flat: torch.Tensor) -> None:
         offset = 0
@@ -135,7 +302,7 @@ class DiLoCo:
 
     @contextlib.contextmanager
     def global_model(self):
-        """The model as all ranks share it (θ, the last round's result) inside; the rank's own
+        """The model as all ranks share it (θ, each fragment's last result) inside; the rank's own
         parameters back afterwards. For evaluation and export in the middle of a round."""
         kept = [t.detach().clone() for t in self.masters.tensors]
         self._write_masters(self.start.to(self.device))
@@ -146,10 +313,19 @@ class DiLoCo:
                 t.data.copy_(k)
             self.masters.push_to_model()  # the model's parameters are the masters, cast
 
-    # θ and b are the same on every rank: they travel in DeepSpeed's checkpoint (client state)
+    # θ, b and the updates in flight are the same on every rank: they travel in DeepSpeed's
+    # checkpoint (client state); the exchanges' error feedback is each rank's own
     def state_dict(self) -> dict:
+        pending = {p: (due, self._wait(p).cpu()) for p, (due, _) in list(self.pending.items())}
         return {"start": self.start.cpu(), "velocity": self.velocity.cpu(), "rounds": self.rounds,
-                "inner_steps": self.inner_steps}
+                "inner_steps": self.inner_steps, "fragments": len(self.fragments), "pending": pending}
+
+    def _wait(self, p: int) -> torch.Tensor:
+        due, result = self.pending[p]
+        if isinstance(result, Future):
+            result = result.result()
+            self.pending[p] = (due, result)
+        return result
 
     def load_state_dict(self, state: dict) -> None:
         if state["start"].numel() != self.numel:
@@ -158,50 +334,43 @@ class DiLoCo:
         self.start.copy_(state["start"])
         self.velocity.copy_(state["velocity"])
         self.rounds = state["rounds"]
+        if state.get("fragments", 1) == len(self.fragments):
+            self.pending = {int(p): (due, delta.to(self.device)) for p, (due, delta) in state.get("pending", {}).items()}
+
+    def rank_state_dict(self) -> list[dict]:
+        return [f.average.state_dict() if hasattr(f.average, "state_dict") else {} for f in self.fragments]
+
+    def load_rank_state_dict(self, states: list[dict]) -> None:
+        if len(states) != len(self.fragments):
+            return  # saved with another split: the error feedback starts from zero
+        for fragment, state in zip(self.fragments, states):
+            if hasattr(fragment.average, "load_state_dict"):
+                fragment.average.load_state_dict(state)
+
+
+class _TwoLevels:
+    """A fragment's average in two levels (topology.py), its exchange between nodes `part`."""
+
+    def __init__(self, hierarchy, part):
+        self.hierarchy, self.part = hierarchy, part
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hierarchy.average(x, self.part)
+
+    def state_dict(self) -> dict:
+        return self.part.state_dict() if hasattr(self.part, "state_dict") else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if hasattr(self.part, "load_state_dict"):
+            self.part.load_state_dict(state)
 
 
 def average(delta: torch.Tensor, compression: str, group=None) -> torch.Tensor:
-    """The mean of `delta` (flat fp32) over the group's ranks, sent as `compression` says."""
+    """The mean of `delta` (flat fp32) over the group's ranks, fp32 or bf16 on the wire."""
     world = dist.get_world_size(group)
     if compression == "none":
         dist.all_reduce(delta, group=group)
         return delta.div_(world)
-    if compression == "bf16":
-        low = delta.to(torch.bfloat16).div_(world)
-        dist.all_reduce(low, group=group)
-        return low.float()
-    return _int8_average(delta, world, group)
-
-
-def _quantize_int8(x: torch.Tensor) -> torch.Tensor:
-    """Blocks of INT8_BLOCK values as bytes: the int8 values, then one fp32 scale per block."""
-    blocks = x.view(-1, INT8_BLOCK)
-    scales = blocks.abs().amax(dim=1).clamp_min(1e-30) / 127.0
-    values = torch.round(blocks / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-    return torch.cat([values.view(torch.uint8).reshape(-1), scales.view(torch.uint8)])
-
-
-def _dequantize_int8(packed: torch.Tensor, blocks: int) -> torch.Tensor:
-    values = packed[: blocks * INT8_BLOCK].view(torch.int8).float().view(blocks, INT8_BLOCK)
-    scales = packed[blocks * INT8_BLOCK:].view(torch.float32)
-    return (values * scales[:, None]).reshape(-1)
-
-
-def _int8_average(delta: torch.Tensor, world: int, group=None) -> torch.Tensor:
-    """Reduce-scatter by all-to-all (rank j averages chunk j of every rank), then all-gather the
-    averaged chunks, each way as int8 with per-block scales: gloo and NCCL both have these."""
-    numel = delta.numel()
-    chunk_blocks = -(-numel // (INT8_BLOCK * world))
-    chunk = chunk_blocks * INT8_BLOCK
-    padded = torch.zeros(chunk * world, device=delta.device)
-    padded[:numel] = delta
-    sent = torch.cat([_quantize_int8(c) for c in padded.view(world, chunk)])
-    received = torch.empty_like(sent)
-    dist.all_to_all_single(received, sent, group=group)
-    per_rank = received.view(world, -1)
-    mine = torch.stack([_dequantize_int8(per_rank[r], chunk_blocks) for r in range(world)]).mean(dim=0)
-    packed = _quantize_int8(mine)
-    gathered = torch.empty(world * packed.numel(), dtype=torch.uint8, device=delta.device)
-    dist.all_gather_into_tensor(gathered, packed, group=group)
-    out = torch.cat([_dequantize_int8(g, chunk_blocks) for g in gathered.view(world, -1)])
-    return out[:numel]
+    low = delta.to(torch.bfloat16).div_(world)
+    dist.all_reduce(low, group=group)
+    return low.float()

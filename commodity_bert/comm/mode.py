@@ -374,20 +374,25 @@ class DiLoCoMode(RanksStepAlone):
 
     def attach(self, engine, optimizer, model, topology=None) -> list[str]:
         lines = super().attach(engine, optimizer, model, topology)
-        sent = {"none": "fp32", "bf16": "bf16", "int8": "int8"}[self.settings["compression"]]
+        self.names = {p: n for n, p in model.named_parameters()}  # for the fragments' layers
+        sent = {"none": "fp32"}.get(self.settings["compression"], self.settings["compression"])
         return lines + self._two_levels(topology, f"the pseudo-gradient in {sent}")
+
+    def _diloco(self) -> DiLoCo:
+        return DiLoCo(self.masters, self.settings, self.hierarchy, self.names)
 
     def resume(self, state: dict, rank_state: dict, where) -> None:
         if "diloco" not in state:
             raise ModeStateError(f"{where} was not trained with DiLoCo; resume it with its own config, or start "
                                  f"from its weights with --init-from {where} --resume none")
         self.masters.load_rank_state(rank_state["diloco"])  # this rank's place in the round
-        self.diloco = DiLoCo(self.masters, self.settings, self.hierarchy)
+        self.diloco = self._diloco()
         self.diloco.load_state_dict(state["diloco"])
+        self.diloco.load_rank_state_dict(rank_state.get("diloco_exchange", []))
 
     def ready(self) -> list[str]:
         if self.diloco is None:  # θ is the weights the run starts from
-            self.diloco = DiLoCo(self.masters, self.settings, self.hierarchy)
+            self.diloco = self._diloco()
         return [f"DiLoCo: {self.diloco.describe()}"]
 
     def micro_batch(self, boundary: bool):
@@ -395,9 +400,8 @@ class DiLoCoMode(RanksStepAlone):
         return self.engine.no_sync()
 
     def after_step(self, step: int, last: bool) -> None:
-        # the last step ends a round too: what the run evaluates and exports is one model
-        if self.diloco.is_round_end(step) or last:
-            self.diloco.outer_step()
+        # the last step ends every round too: what the run evaluates and exports is one model
+        self.diloco.after_step(step, last)
 
     def grads_averaged(self) -> bool:
         return False
@@ -407,7 +411,8 @@ class DiLoCoMode(RanksStepAlone):
 
     def state(self) -> tuple[dict, dict | None]:
         # θ and the outer momentum are shared; the rank's parameters and inner optimizer are its own
-        return {"diloco": self.diloco.state_dict()}, {"diloco": self.masters.rank_state()}
+        shared = {"diloco": self.diloco.state_dict()}  # first: it waits for an update in flight
+        return shared, {"diloco": self.masters.rank_state(), "diloco_exchange": self.diloco.rank_state_dict()}
 
     def metric_fields(self) -> dict:
         return {"outer_rounds": self.diloco.rounds}

@@ -80,6 +80,14 @@ class MasterParams:
             self.tensors = [p for group in engine_optimizer.param_groups for p in group["params"]]
             self.kind = "plain"
 
+    def model_params(self) -> list[list]:
+        """For each master tensor, the model parameters it holds, in its order."""
+        if self.kind == "plain":
+            return [[t] for t in self.tensors]
+        if self.kind == "unfused":
+            return [[p] for group in self.optimizer.fp16_groups for p in group]
+        return [list(group) for group in self.optimizer.fp16_groups]
+
     def rank_state(self) -> dict:
         """What is this rank's own in a round: its parameters and its inner optimizer's state (and,
         under fp16, its loss scale: each rank skips its own overflows)."""

@@ -156,7 +156,8 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
             settings = {**DILOCO_DEFAULTS, "enabled": True}
             notes.append(f"{name}: no commodity_bert.diloco block in the config; DiLoCo's defaults assumed "
                          f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
-        extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"])
+        extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"],
+                     fragments=int(settings["fragments"]), overlap_steps=int(settings["overlap_steps"]))
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
                     grad_bytes=2 if precision_of(config) in ("fp16", "bf16") else 4, fb_s=fb_s,
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,

@@ -34,9 +34,13 @@ Communication, per step, over the slowest link of a ring:
               (each rank skips its own overflows) and, under a dynamic fp16 loss scale, a sync
               one more for the ranks to agree on the scale (16 bytes).
   diloco      H − 1 inner steps with no communication at all, then an outer step: the pseudo-
-              gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 (1 byte a
-              parameter plus a 4-byte scale per 256, in an all-to-all and an all-gather), and
-              the outer update's passes over the parameters (counted as one optimizer step).
+              gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 / int4 (1 or
+              0.5 byte a parameter plus a 4-byte scale per 256, in an all-to-all and an
+              all-gather), and the outer update's passes over the parameters (counted as one
+              optimizer step). Streamed (`fragments` P): P such steps per H, each on a P-th of
+              the parameters; with `overlap_steps` τ the exchange runs behind the next τ inner
+              steps' compute and only what exceeds it is exposed. The last step syncs every
+              fragment, blocking.
   two levels  the compressed exchanges (1-bit LAMB's, 0/1 Adam's, DiLoCo's int8) where nodes hold
               G > 1 GPUs and the config's hierarchy block says so (comm/topology.py; "auto": on
               more than one node): a reduce-scatter and an all-gather of the fp32 buffer inside
@@ -56,7 +60,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from commodity_bert.comm.diloco import INT8_BLOCK
+from commodity_bert.comm.lowbit import BLOCK as LOWBIT_BLOCK
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs
@@ -153,7 +157,9 @@ class Workload:
     # 0/1 Adam: var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper
     zero_one_schedule: tuple[int, int, int, int] = (100000, 16, 32678, 16)
     inner_steps: int = 50       # DiLoCo's H
-    outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8
+    outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8 | int4
+    fragments: int = 1          # Streaming DiLoCo: fragments synced at staggered steps
+    overlap_steps: int = 0      # and the inner steps each fragment's exchange overlaps
     hierarchy: str | bool = "auto"  # the config's commodity_bert.hierarchy.enabled (comm/topology.py)
     notes: list[str] = field(default_factory=list)
 
@@ -214,15 +220,21 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
     if optimizer == "diloco" and stage == "inner":  # engine.no_sync(): not even the overflow flag
         return StepEstimate(compute, 0.0, 0.0, 0.0, 0)
     if optimizer == "diloco":
-        compute += work.optimizer_s  # the outer update's passes over the parameters
-        if work.outer_compression == "int8":
-            size = work.params * (1 + 4 / INT8_BLOCK)
-            seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, fp32_size)
-            sent = compressed_bytes_per_rank(size, fp32_size, nodes, gpus_per_node, levels)
-            return StepEstimate(compute, seconds, seconds, sent, 2 if world > 1 else 0)
-        size = work.params * (2.0 if work.outer_compression == "bf16" else 4.0)
-        seconds = net.allreduce_s(size, nodes, gpus_per_node)
-        return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
+        # "outer": one fragment's round end (the whole model when fragments = 1), its exchange
+        # overlapped with `overlap_steps` inner steps; "final": the last step, every fragment, blocking
+        share = 1.0 if stage == "final" else 1.0 / work.fragments
+        params = work.params * share
+        compute += work.optimizer_s * share  # the outer update's passes over the fragment
+        bits = {"int8": 8, "int4": 4}.get(work.outer_compression)
+        if bits:
+            size = params * (bits / 8 + 4 / LOWBIT_BLOCK)
+            seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, 4.0 * params)
+            sent, rounds = compressed_bytes_per_rank(size, 4.0 * params, nodes, gpus_per_node, levels), 2
+        else:
+            size = params * (2.0 if work.outer_compression == "bf16" else 4.0)
+            seconds, sent, rounds = net.allreduce_s(size, nodes, gpus_per_node), ring_allreduce_bytes(size, world), 1
+        hidden = work.overlap_steps * (compute - work.optimizer_s * share) if stage == "outer" else 0.0
+        return StepEstimate(compute, max(seconds - hidden, 0.0), seconds, sent, rounds if world > 1 else 0)
     if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
         agree = (flag and stage == "onebit", 1.0), (work.loss_scaled and world > 1 and stage == "sync", 16.0)
         seconds = sum(net.allreduce_s(size, nodes, gpus_per_node) for on, size in agree if on)
@@ -260,8 +272,10 @@ def step_sequence(work: Workload, optimizer: str) -> list[str]:
     if optimizer == "zero_one_adam":
         from commodity_bert.optim.zero_one_adam import step_kinds
         return list(step_kinds(work.steps, *work.zero_one_schedule))
-    if optimizer == "diloco":  # an outer step every H steps, and at the last (train.py)
-        return ["outer" if t % work.inner_steps == 0 or t == work.steps else "inner" for t in range(1, work.steps + 1)]
+    if optimizer == "diloco":  # a fragment's round end (comm/diloco.py), and every fragment's at the last step
+        ends = {p * work.inner_steps // work.fragments for p in range(work.fragments)}
+        return ["final" if t == work.steps else "outer" if t % work.inner_steps in ends else "inner"
+                for t in range(1, work.steps + 1)]
     return ["full"] * work.steps
 
 
@@ -283,8 +297,10 @@ def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
         if optimizer == "onebit_lamb":
             warm = min(work.freeze_step, work.steps)
             return [("full", warm), ("compressed", work.steps - warm)]
-        outer = math.ceil(work.steps / work.inner_steps)
-        return [("inner", work.steps - outer), ("outer", outer)]
+        before_last = work.steps - 1
+        outer = sum((before_last - p * work.inner_steps // work.fragments) // work.inner_steps + (p > 0)
+                    for p in range(work.fragments)) if before_last > 0 else 0
+        return [("inner", work.steps - 1 - outer), ("outer", outer), ("final", 1)]
     return list(Counter(step_sequence(work, optimizer)).items())
 
 

@@ -108,11 +108,11 @@ class Bookkeeping:
         """Collectives inside are the loop's own (decisions, gradient norm, evaluation, saving),
         left out of `bytes_sent`, `bytes_received`, `node_bytes_*` and `comm_rounds`, which describe
         training's traffic."""
-        before = self.wire.snapshot()
+        before = self.wire.snapshot(this_thread=True)  # not an exchange running beside the loop
         try:
             yield
         finally:
-            for field, value in self.wire.snapshot().items():
+            for field, value in self.wire.snapshot(this_thread=True).items():
                 self.unlogged_traffic[field] += value - before[field]
 
     # ---- decisions
