@@ -280,7 +280,7 @@ class DiLoCo:
         """The outer step on fragment p's averaged Δ; the rank's fragment moves to the new θ (or to
         α·local + (1 − α)·θ where the inner steps went on meanwhile)."""
         fragment = self.fragments[p]
-        delta = delta.to(self.state_device)
+        delta = delta.to(self.state_device, copy=True)  # the averaged Δ may be kept (a checkpoint's)
         velocity = fragment.take(self.velocity).mul_(self.momentum).add_(delta)
         fragment.put(self.velocity, velocity)
         direction = delta.add_(velocity, alpha=self.momentum) if self.nesterov else velocity
