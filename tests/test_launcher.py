@@ -46,6 +46,8 @@ deadline = time.time() + 60
 while time.time() < deadline and (not got or opts.get("--ignore-stop")):
     time.sleep(0.05)
 out.write_text(f"stopped by {signal.Signals(got[0]).name} on {os.uname().nodename}\n" if got else "timed out\n")
+for sig in (signal.SIGTERM, signal.SIGUSR1):  # done, as train.py is: a late duplicate changes nothing
+    signal.signal(sig, signal.SIG_IGN)
 sys.exit(3 if not got or opts.get("--fail-rank") == rank else 0)
 '''
 

@@ -19,3 +19,13 @@ $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $PLAIN --vary commodity
 $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $PLAIN --vary commodity_bert.diloco.compression=int4 \
     --vary commodity_bert.diloco.rounding=nearest,stochastic --vary commodity_bert.diloco.error_feedback=false,true $COMMON
 $PY -m commodity_bert.ablate --configs $S3/lamb.json $COMMON
+
+# Second part: runs long enough for the schedules to matter (1,000 steps of 64 sequences), seed 1:
+# LAMB against DiLoCo at H = 104 (≥ 400× fewer bytes than LAMB in int4), plain averaging, int4
+# rounded to the nearest level with error feedback.
+LONG="--data $WORK/seq128 --model mini --ranks 2 --samples 64000 --eval-every 100 --seeds 1
+      --train-args=--num-workers=1 --out $WORK/mini_1000"
+$PY -m commodity_bert.ablate --configs $S3/lamb.json $LONG
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=104 \
+    --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 \
+    --vary commodity_bert.diloco.compression=int4 --vary commodity_bert.diloco.error_feedback=true $LONG
