@@ -29,3 +29,7 @@ $PY -m commodity_bert.ablate --configs $S3/lamb.json $LONG
 $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=104 \
     --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 \
     --vary commodity_bert.diloco.compression=int4 --vary commodity_bert.diloco.error_feedback=true $LONG
+# H = 112: at most 9 syncs in the 1,000 steps (the last step's included), ≥ 400× fewer bytes than LAMB
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=112 \
+    --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 \
+    --vary commodity_bert.diloco.compression=int4 --vary commodity_bert.diloco.error_feedback=true $LONG
