@@ -237,10 +237,6 @@ class DiLoCo:
                 f"{self.numel:,} parameters, updated through {masters}; outer state on {self.state_device.type}, "
                 f"round {self.rounds:g}")
 
-    def is_round_end(self, step: int) -> bool:
-        """Whether some fragment's round ends at `step`."""
-        return any(step % self.inner_steps == f.offset for f in self.fragments)
-
     # ---- the steps
     @torch.no_grad()
     def after_step(self, step: int, last: bool) -> None:
@@ -273,8 +269,10 @@ class DiLoCo:
         return fragment.take(self.start).to(self.device) - fragment.local(self.masters.tensors)
 
     def _result(self, p: int) -> torch.Tensor:
-        due, result = self.pending.pop(p)
-        return result.result() if isinstance(result, Future) else result
+        """The averaged Δ of fragment p's update in flight, no longer pending."""
+        result = self._wait(p)
+        del self.pending[p]
+        return result
 
     def _apply(self, p: int, delta: torch.Tensor, merge: float | None = None) -> None:
         """The outer step on fragment p's averaged Δ; the rank's fragment moves to the new θ (or to

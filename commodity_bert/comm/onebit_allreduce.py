@@ -140,7 +140,6 @@ class TwoLevelCompressedAllreduce(CompressedAllreduce):
     def __init__(self, numel: int, device, hierarchy, scale_block: int | None = None):
         self.hierarchy = hierarchy
         super().__init__(hierarchy.slice_numel(numel), device, group=hierarchy.cross, scale_block=scale_block)
-        self.whole = numel
 
     def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
         return self.hierarchy.average(buffer, super().__call__)
