@@ -1,7 +1,8 @@
 """BERT-large on 16–256 commodity GPUs over 1, 10 and 25 Gbit/s Ethernet, LAMB against 1-bit
 LAMB, on paper: `bert-plan estimate` by hand (no GPU was measured), one run per link and
 freeze assumption, summarised in one table; then a second table of every mode's shipped recipe
-(LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo) per link and latency.
+(LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo) per link and latency, with issue 34's DiLoCo settings (int4
+at H = 112, and the same streamed in 4 fragments overlapped with 5 inner steps) beside them.
 
     python benchmarks/plan_on_paper.py [--gpu-tflops 125] [--mfu 0.35] [--gpus-per-node 4]
         [--json OUT] [--markdown OUT.md]
@@ -97,6 +98,37 @@ def main() -> None:
 
 
 MODES = "lamb,onebit_lamb,zero_one_adam,diloco"
+# issue 34's settings, on paper: the shipped int4 DiLoCo recipe (H = 112, error feedback) as it is,
+# and streamed (its block changed)
+DERIVED = {
+    "diloco_int4_h112": {},
+    "streaming_diloco_int4_h112": {"fragments": 4, "overlap_steps": 5},
+}
+
+
+def derived_recipe(args, link: str, latency_ms: float, mode: str, block: dict) -> list[dict]:
+    """The int4 DiLoCo recipe's two phases with `block` merged into their diloco blocks, estimated per
+    phase (--config) and summed as --recipe sums them: days, USD and bytes add up; the
+    communication share is the phases' weighted by their days."""
+    per_gpus: dict[int, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for phase, seq_len in (("phase1", 128), ("phase2", 512)):
+            config = json.loads((CONFIGS / f"bert_large_{phase}_diloco_int4_lamb_fp16.json").read_text())
+            config["commodity_bert"]["diloco"].update(block)
+            settings = config["commodity_bert"]["diloco"]
+            path = Path(tmp) / f"{mode}_{phase}.json"
+            path.write_text(json.dumps(config))
+            for r in estimate(args, link, "diloco", path, seq_len, ["--latency-ms", str(latency_ms)]):
+                per_gpus.setdefault(r["gpus"], []).append(r)
+    rows = []
+    for gpus, phases in per_gpus.items():
+        days = sum(p["days"] for p in phases)
+        share = sum(p["days"] * p["comm_s"] / p["step_s"] for p in phases) / days
+        rows.append({"link": link, "latency_ms": latency_ms, "optimizer": mode, "nodes": phases[0]["nodes"],
+                     "gpus": gpus, "days": days, "usd": sum(p["usd"] or 0 for p in phases) or None,
+                     "bytes_per_rank": sum(p["bytes_per_rank"] for p in phases), "comm_share": share,
+                     "settings": settings, "stages_phase1": phases[0]["phases"][0]["stages"]})
+    return rows
 
 
 def slow_link_modes(args) -> tuple[list[dict], str]:
@@ -115,14 +147,16 @@ def slow_link_modes(args) -> tuple[list[dict], str]:
                                check=True, cwd=REPO, capture_output=True, text=True)
                 for r in json.loads(out.read_text()):
                     rows.append({"link": link, "latency_ms": latency_ms, **{k: v for k, v in r.items() if k != "phases"},
-                                 "stages_phase1": r["phases"][0]["stages"]})
+                                 "comm_share": r["comm_s"] / r["step_s"], "stages_phase1": r["phases"][0]["stages"]})
+            for mode, block in DERIVED.items():
+                rows += derived_recipe(args, link, latency_ms, mode, block)
     lamb = {(r["link"], r["latency_ms"], r["gpus"]): r for r in rows if r["optimizer"] == "lamb"}
     lines = ["| link | latency per hop | GPUs | mode | days | vs LAMB | comm share of step | bytes per rank | LAMB's ÷ this |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         ref = lamb[(r["link"], r["latency_ms"], r["gpus"])]
         lines.append(f"| {r['link']} | {r['latency_ms']:g} ms | {r['gpus']} | {r['optimizer']} | {r['days']:.2f} | "
-                     f"{ref['days'] / r['days']:.2f}× | {r['comm_s'] / r['step_s']:.0%} | "
+                     f"{ref['days'] / r['days']:.2f}× | {r['comm_share']:.0%} | "
                      f"{r['bytes_per_rank'] / 1e12:.2f} TB | {ref['bytes_per_rank'] / r['bytes_per_rank']:.1f}× |")
     return rows, "\n".join(lines)
 

@@ -13,6 +13,9 @@ included, as in any run). Each variant's config puts its steady state early:
   diloco_h10    H = 10, bf16 pseudo-gradient: windows of 10 hold 9 inner steps and 1 outer step
   diloco_inner  H larger than the run: inner steps only (with diloco_h10 this separates an
                 outer step's cost from an inner step's)
+  diloco_int4_h10    H = 10, int4 pseudo-gradient with error feedback (issue 34's choice)
+  diloco_stream_h10  the same in 2 fragments (offsets 0 and 5), each exchange overlapped with
+                     the next 3 inner steps: windows of 10 hold 2 half-model exchanges
 Runs of 0/1 Adam and DiLoCo are 31 steps and their last step's window is left out (under
 DiLoCo the last step ends a round); LAMB and 1-bit LAMB run 12 steps, as plan_vs_measured.py's.
 Predictions: bert-plan's step model from that setting's preflight profile, per kind of step,
@@ -50,6 +53,8 @@ VARIANTS = {  # variant: (planner optimizer, steps, log every); a run's last ste
     "zero_one_adam": ("zero_one_adam", 31, 10),
     "diloco_h10": ("diloco", 31, 10),
     "diloco_inner": ("diloco", 31, 10),
+    "diloco_int4_h10": ("diloco", 31, 10),
+    "diloco_stream_h10": ("diloco", 31, 10),
 }
 FREEZE = 4
 
@@ -63,9 +68,13 @@ def config_of(variant: str, micro_batch: int, steps: int) -> dict:
             "lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "var_freeze_step": FREEZE,
             "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 5, "scale_block": 32}}
     else:
-        config["commodity_bert"] = {"diloco": {"inner_steps": 10 if variant == "diloco_h10" else 10 * steps,
-                                               "outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False,
-                                               "compression": "bf16"}}
+        block = {"inner_steps": 10 * steps if variant == "diloco_inner" else 10, "outer_lr": 1.0,
+                 "outer_momentum": 0.0, "nesterov": False, "compression": "bf16"}
+        if variant in ("diloco_int4_h10", "diloco_stream_h10"):
+            block.update(compression="int4", error_feedback=True)
+        if variant == "diloco_stream_h10":
+            block.update(fragments=2, overlap_steps=3)
+        config["commodity_bert"] = {"diloco": block}
     return config
 
 
@@ -97,7 +106,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--links", nargs="+", default=["100mbit:0", "1gbit:0"],
-                        help="RATE:DELAY, the delay one way per host (0: none; a delay needs the kernel's netem)")
+                        help="RATE:DELAY, the delay one way per host (0: none); RATE 'unlimited': no "
+                             "rate limit (the veth pair's own speed)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--model", default="mini")
     parser.add_argument("--micro-batch", type=int, default=2)
@@ -110,7 +120,8 @@ def main() -> None:
     for link in args.links:
         rate, delay = link.split(":")
         try:
-            cluster = Cluster.up(work / f"cluster_{link.replace(':', '_')}", args.hosts, slots=1, rate=rate,
+            cluster = Cluster.up(work / f"cluster_{link.replace(':', '_')}", args.hosts, slots=1,
+                                 rate=None if rate == "unlimited" else rate,
                                  delay=None if delay == "0" else delay)
         except RuntimeError as exc:  # a kernel without netem: no delayed links (the others still run)
             print(f"{link}: skipped: {exc}", flush=True)

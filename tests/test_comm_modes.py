@@ -76,6 +76,8 @@ def test_the_schedules_put_the_resume_where_the_mode_is_mid_flight():
             {p * inner // fragments for p in range(fragments)}]
     resume = MODE_CASES["diloco_streaming"].resume_at
     assert any(end < resume < end + overlap for end in ends)  # an update in flight at the checkpoint
+    warmup = MODE_CASES["diloco_warmup"]
+    assert warmup.resume_at < warmup.changes["commodity_bert.diloco.warmup_steps"]  # resumed mid-warm-up
 
 
 @pytest.mark.parametrize("name", list(MODE_CASES))

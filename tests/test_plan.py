@@ -126,6 +126,25 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
     phase = phase_estimate(streamed, "diloco", 4, 1, latency)  # round ends at 2, 4, …, 18, then 20
     assert [(k, v["steps"]) for k, v in phase["stages"].items()] == [("inner", 10), ("outer", 9), ("final", 1)]
     assert step_sequence(streamed, "diloco").count("outer") == 9
+    # 5 data-parallel warm-up steps, priced as lamb's, then the rounds count from step 5: round ends
+    # at 5 + 2k (k = 1 … 7), then the final step 20; the arithmetic agrees with the step-by-step kinds
+    warmed = work(outer_compression="int4", fragments=4, overlap_steps=1, inner_steps=8, steps=20, warmup_steps=5)
+    phase = phase_estimate(warmed, "diloco", 4, 1, latency)
+    kinds = step_sequence(warmed, "diloco")
+    assert [(k, v["steps"]) for k, v in phase["stages"].items()] == [("warmup", 5), ("inner", 7), ("outer", 7),
+                                                                       ("final", 1)]
+    assert [(k, kinds.count(k)) for k in ("warmup", "inner", "outer", "final")] == [("warmup", 5), ("inner", 7),
+                                                                                       ("outer", 7), ("final", 1)]
+    assert kinds[:6] == ["warmup"] * 5 + ["inner"] and kinds[6] == "outer"
+    assert step_estimate(warmed, "diloco", "warmup", 4, 1, latency) == step_estimate(warmed, "lamb", "full", 4, 1,
+                                                                                       latency)
+    short = work(inner_steps=8, steps=4, warmup_steps=5)  # ended in its warm-up
+    assert [(k, v["steps"]) for k, v in phase_estimate(short, "diloco", 4, 1, latency)["stages"].items()] == [("warmup", 4)]
+    # the int4 average's own passes (preflight's lowbit_average_s, whole model): a quarter at each
+    # fragment's round end, all of it at the last step, in compute: the overlap hides only the wire
+    priced = work(outer_compression="int4", fragments=4, overlap_steps=1, inner_steps=8, steps=20, lowbit_s=0.4)
+    assert step_estimate(priced, "diloco", "outer", 4, 1, latency).compute_s == pytest.approx(outer.compute_s + 0.1)
+    assert step_estimate(priced, "diloco", "final", 4, 1, latency).compute_s == pytest.approx(final.compute_s + 0.4)
 
 
 def test_compressed_exchanges_in_two_levels_by_hand():
@@ -251,6 +270,7 @@ def test_preflight_two_local_ranks_then_estimate(tmp_path, train_data):
         assert (r["model"], r["seq_len"], r["micro_batch"]) == ("tiny", manifest["seq_len"], 8)
         assert r["interface"] and r["device"] and r["matmul_tflops"] > 0
         assert 0 < r["forward_backward_s"] < 10 and 0 < r["optimizer_s"] < 10 and r["onebit_optimizer_s"] > 0
+        assert 0 < r["lowbit_average_s"] < 10  # DiLoCo int4 average's own passes
         assert 0 < r["real_token_share"] <= 1
     sizes = profile["allreduce"]["sizes"]
     assert [s["mb"] for s in sizes] == [1, 4] and all(s["seconds"] > 0 for s in sizes)

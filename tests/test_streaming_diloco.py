@@ -3,6 +3,11 @@ error bounds, the low-bit average with error feedback on 2 real gloo ranks, frag
 every parameter of a BERT exactly once, and overlapped fragment updates each applied exactly once,
 against the outer step recomputed here. Resuming with an update in flight, through train.py:
 MODE_CASES["diloco_streaming"] in tests/test_comm_modes.py."""
+import os
+import sys
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,10 +15,12 @@ from conftest import spawn_ranks
 from test_diloco import _flat, _gathered, _inner_steps
 from test_precision import TinyEmbeddingModel, _join
 
+from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo, split_into_fragments
 from commodity_bert.comm.lowbit import BLOCK, LowBitAverage, dequantize, levels, packed_bytes, quantize
 from commodity_bert.model.bert import build_config, build_model
 from commodity_bert.optim.precision import MasterParams
+from commodity_bert.train.failures import lost_peer_line
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -153,3 +160,76 @@ def test_overlapped_fragment_updates_are_applied_once_each():
         assert max(r["errors"]) < 1e-6, r["errors"]
         assert r["theta"] < 1e-6 and r["rounds"] == pytest.approx(7 / 2)
         assert r["identical"]  # the last step leaves every rank with θ
+
+
+def _late_worker(rank, world, port, results, late_s, timeout_s):
+    """H = 4, overlap 3, one fragment, 8 steps: rank 1 reaches its round end at step 4 `late_s`
+    late. Rank 0 records how long each of its outer calls took, or the error that ended it."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    torch.manual_seed(0)
+    model = TinyEmbeddingModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    settings = {**DEFAULTS, "inner_steps": 4, "overlap_steps": 3, "outer_lr": 1.0, "outer_momentum": 0.0}
+    outer = DiLoCo(MasterParams(optimizer), settings)
+    own_group = outer.groups[0]._get_backend(torch.device("cpu")).options._timeout
+    wire = BytesCounter().install()
+    waits, sent, started = {}, {}, time.perf_counter()
+    try:
+        for step in range(1, 9):
+            _inner_steps(model, optimizer, rank + 10 * step, 1)
+            if rank == 1 and step == 4:
+                time.sleep(late_s)
+            started, before = time.perf_counter(), wire.snapshot()["bytes_sent"]
+            outer.after_step(step, last=step == 8)
+            waits[step] = time.perf_counter() - started
+            time.sleep(0.05)  # the exchange in flight, if any, ends meanwhile
+            sent[step] = wire.snapshot()["bytes_sent"] - before
+        results[rank] = {"waits": waits, "sent": sent, "own_group_timeout": own_group.total_seconds(),
+                         "identical": all(torch.equal(g, outer.start) for g in _gathered(outer.start))}
+    except Exception as exc:  # noqa: BLE001 - what train.py would print of it
+        results[rank] = {"waits": waits, "failed_after_s": time.perf_counter() - started,
+                         "line": lost_peer_line(exc, str(rank), "host") or repr(exc),
+                         "own_group_timeout": own_group.total_seconds()}
+    sys.stdout.flush()
+    os._exit(0)  # a rank whose peer is gone cannot leave the group politely
+
+
+def test_a_worker_late_by_less_than_the_overlap_costs_the_others_nothing():
+    """The stated rule (docs/slow_links.md): a fragment's update is needed τ steps after its round
+    ends, so a peer late by less than that is waited for by nobody; later, the others wait at the
+    step the update is due, and only there."""
+    late = 2.0
+    r = spawn_ranks(_late_worker, 2, late, 60)[0]
+    print(r["waits"])
+    assert sum(r["waits"][s] for s in (4, 5, 6)) < late / 4  # the exchange started and ran meanwhile
+    assert r["waits"][7] > late / 2  # due at step 4 + 3: the wait is here
+    assert r["identical"]
+    _bytes_counted_when_applied(r["sent"])
+
+
+def _bytes_counted_when_applied(sent: dict) -> None:
+    """The exchange started at step 4 counts at its due step 7, the last step's synchronous
+    round in step 8."""
+    assert all(sent[s] == 0 for s in (1, 2, 3, 4, 5, 6)), sent
+    assert sent[7] > 0 and sent[8] == sent[7], sent
+
+
+def test_an_overlapped_exchange_counts_its_bytes_in_the_step_that_applies_it():
+    """Counted when the background thread ended, the bytes fell in whichever logged step was open
+    then, so a resumed run's metrics differed from the uninterrupted run's (CI, stop 45); now in
+    the due step, on time (here) or late (the test above)."""
+    r = spawn_ranks(_late_worker, 2, 0.0, 60)[0]
+    print(r["sent"])
+    _bytes_counted_when_applied(r["sent"])
+
+
+def test_a_worker_that_hangs_stops_the_others_within_the_collective_timeout():
+    """The background exchange runs on a group of its own; made without a timeout, torch would give
+    it 30 minutes whatever --dist-timeout-minutes says. Beyond the timeout the rank fails with the
+    line train.py prints, and the relaunch resumes (tests/test_multihost.py)."""
+    r = spawn_ranks(_late_worker, 2, 10.0, 4)[0]
+    assert r["own_group_timeout"] == 4
+    assert 3 < r["failed_after_s"] < 20, r
+    assert r["line"].startswith("train.py: error: rank 0 on host waited for a peer longer than the collective "
+                                "timeout ("), r["line"]

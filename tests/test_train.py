@@ -7,7 +7,8 @@ import time
 
 import psutil
 import pytest
-from conftest import COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows, train
+from conftest import (COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows,
+                      train, window_loss)
 
 from commodity_bert.model.bert import ModelConfigError, build_config
 from commodity_bert.train.launch_checks import LaunchError, check_data_against_model, check_deepspeed_config
@@ -165,14 +166,14 @@ def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
     loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever."""
     run = tmp_path / "run"
     train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=300)
-    compiled, eager = rows(run), rows(onebit20)[:3]
+    compiled, eager = rows(run), {r["step"]: r for r in rows(onebit20)}  # onebit20 logs every step
     assert [r["step"] for r in compiled] == [5, 10, 15]
     assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True
     # the same samples and weights; only dropout's random stream differs under inductor
-    for c, e in zip(compiled, eager):
+    for c in compiled:
         # 5-step means: eager falls 0.24 from step 5 to 15 (9.71 to 9.47 with the session's 8,192-token
         # vocabulary); the two dropout streams put them 0.007 and 0.03 apart at step 15 in two runs
-        assert c["loss"] == pytest.approx(e["loss"], abs=0.06), (c, e)
+        assert c["loss"] == pytest.approx(window_loss(eager, c["step"]), abs=0.06), c
 
 
 # ---- validation before launch: one clear line, before any step

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import REPO, config_file, rows, train
+from conftest import REPO, config_file, rows, train, window_loss
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import TrainingBatches
@@ -54,9 +54,11 @@ def by_step(run) -> dict:
     return {r["step"]: r for r in rows(run) if "loss" in r}
 
 
-def window_loss(history: dict, last: int, width: int = 5) -> float:
-    """The loss a run logging every `width` steps reports at `last`: the mean over its window."""
-    return sum(history[s]["loss"] for s in range(last - width + 1, last + 1)) / width
+def tiny_numel(data) -> int:
+    """The parameters of `tiny` on `data`'s vocabulary."""
+    manifest = fmt.load_manifest(data)
+    return sum(p.numel() for p in build_model(build_config("tiny", manifest["vocab"]["size"]),
+                                              nsp=manifest["nsp"]).parameters())
 
 
 def identical_across_ranks(run) -> bool:
@@ -83,13 +85,21 @@ def test_lamb_in_bf16_tracks_fp32(mode_run, train_data, run30):
 
 def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
     run = mode_run("onebit_lamb").whole
-    bf16, fp32 = by_step(run), by_step(onebit20)  # onebit20 logs every 5 steps
+    bf16, fp32 = by_step(run), by_step(onebit20)  # both log every step
     for step in (5, 10):  # before the freeze after step 10
-        assert abs(window_loss(bf16, step) - fp32[step]["loss"]) < BF16_LOSS_TOLERANCE, (step, fp32[step])
-    # After it, 1-bit compression amplifies the smallest differences (a sign flips): the fp32 run
-    # alone, launched twice with the same code, logged 9.4634 and 9.4506 at step 15 (and 9.7138,
-    # 9.7133 at step 5), so bf16 is held to 3x that spread there, not to 0.01.
-    assert abs(window_loss(bf16, 15) - fp32[15]["loss"]) < 0.04, fp32[15]
+        assert abs(window_loss(bf16, step) - window_loss(fp32, step)) < BF16_LOSS_TOLERANCE, step
+    # The compression stage's first updates (after steps 11 and 12) show in the losses of steps 12
+    # and 13: there bf16 tracks fp32 as in warmup (within 0.0005 on an AMX Xeon; single steps, so
+    # twice the windows' tolerance). A stage that updated nothing (measured: its update multiplied
+    # by 0) put them 0.058 and 0.10 above.
+    for step in (11, 12, 13):
+        assert abs(bf16[step]["loss"] - fp32[step]["loss"]) < 2 * BF16_LOSS_TOLERANCE, (step, bf16[step], fp32[step])
+    # Later, 1-bit compression amplifies the smallest differences (a sign flips, a trust-ratio
+    # factor is clipped or not): changing fp32's lr by 0.1% or 1% moved step 15's loss over
+    # 9.369-9.434 on that Xeon, and on one CI machine the bf16 run's 5-step mean at 15 came out
+    # 0.075 above fp32's after tracking it within 0.01 at 5 and 10. There it is only held to go on
+    # falling.
+    assert window_loss(bf16, 15) < window_loss(bf16, 10) - 0.05, (window_loss(bf16, 15), window_loss(fp32, 15))
     # the freeze at the same step as in fp32 (DeepSpeed's priming step is not counted): warmup
     # sends bf16 gradients, half fp32's, the compression stage the same 1-bit momenta as fp32
     assert bf16[10]["bytes_sent"] == pytest.approx(fp32[10]["bytes_sent"] / 2, rel=1e-6)  # ring volumes, floored
@@ -179,9 +189,7 @@ def diloco20(mode_run):
 
 def test_diloco_communicates_once_a_round(diloco20, train_data):
     history = by_step(diloco20)
-    manifest = fmt.load_manifest(train_data)
-    numel = sum(p.numel() for p in build_model(build_config("tiny", manifest["vocab"]["size"]),
-                                               nsp=manifest["nsp"]).parameters())
+    numel = tiny_numel(train_data)
     for step, row in history.items():
         if step % 10:  # inner steps: no gradient allreduce, no overflow flag, nothing at all
             assert (row["comm_rounds"], row["bytes_sent"]) == (0, 0), row
@@ -202,6 +210,26 @@ def test_diloco_evaluates_the_shared_model_mid_round(diloco20):
     assert history[15]["val_mlm_acc"] == history[10]["val_mlm_acc"]
     assert history[15]["val_loss"] == history[10]["val_loss"]
     assert history[20]["val_loss"] < history[10]["val_loss"] < history[5]["val_loss"]
+
+
+def test_diloco_warms_up_as_data_parallel_training_then_starts_its_rounds(mode_run, train_data):
+    """warmup_steps 6, inner_steps 3: steps 1-6 are the allreduce case's (the same config without
+    the diloco block), bit for bit; then one round ends at step 9, and the last step ends another."""
+    warmed, plain = mode_run("diloco_warmup").whole, mode_run("allreduce").whole
+    warm, same = by_step(warmed), by_step(plain)
+    keys = ("loss", "grad_norm", "bytes_sent", "comm_rounds", "val_loss")
+    for step in range(1, 7):
+        assert {k: warm[step].get(k) for k in keys} == {k: same[step].get(k) for k in keys}, step
+        assert warm[step]["bytes_sent"] > 0 and warm[step]["outer_rounds"] == 0
+    assert warm[7]["loss"] == same[7]["loss"]  # the weights after step 6, alike
+    assert warm[8]["loss"] != same[8]["loss"]  # after an inner step on each rank's own gradient
+    numel = tiny_numel(train_data)
+    for step in (7, 8):
+        assert (warm[step]["comm_rounds"], warm[step]["bytes_sent"]) == (0, 0), warm[step]
+    for step in (9, 10):  # the pseudo-gradient in fp32: 2(N−1)/N × 4 bytes a parameter
+        assert (warm[step]["comm_rounds"], warm[step]["bytes_sent"]) == (1, 4 * numel), warm[step]
+    assert [warm[s]["outer_rounds"] for s in (8, 9, 10)] == [0, 1, 2]
+    assert identical_across_ranks(warmed)
 
 
 # ---- 0/1 Adam in bf16: T_v, 1-bit steps, local steps and syncs on the wire (its run and its

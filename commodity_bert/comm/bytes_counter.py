@@ -1,6 +1,7 @@
 """Bytes this rank sends and receives, and of them those between nodes, counted for every collective whoever calls it."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
@@ -257,6 +258,15 @@ def _group_of(a: dict):
     return a["p2p_op_list"][0].group if "p2p_op_list" in a else a.get("group")
 
 
+_INSTALLED: list[BytesCounter] = []  # the counters counting now, the latest last
+
+
+def installed() -> BytesCounter | None:
+    """The counter installed last (train.py's), or None: for code that holds back its counts
+    (`BytesCounter.held`) without being handed the counter."""
+    return _INSTALLED[-1] if _INSTALLED else None
+
+
 class BytesCounter:
     """Counts the bytes this rank's collectives send and receive, whoever calls them (DeepSpeed's gradient
     allreduce, ZeRO's reduce and all-gather, the 1-bit exchange, object collectives), by wrapping
@@ -317,6 +327,7 @@ class BytesCounter:
         self.calls = 0  # collective calls this rank took part in (outermost only): `comm_rounds`
         self._replaced: list[tuple[object, str, Callable]] = []  # (module, name, original)
         self._depth = threading.local()  # this counter's nesting depth per thread
+        self._held = threading.local()   # this thread's tally while inside held()
         self._lock = threading.Lock()
 
     # the counters a metrics row reports, as a window's differences (train/bookkeeping.py)
@@ -332,9 +343,33 @@ class BytesCounter:
             return {field: mine.get(field, 0) for field in self.FIELDS}
         return {field: getattr(self, attribute) for field, attribute in self.FIELDS.items()}
 
+    @contextlib.contextmanager
+    def held(self):
+        """Collectives inside, on this thread, are counted into the yielded tally (FIELDS' names →
+        counts) and not into the totals until `credit(tally)`. Why: an exchange running beside the
+        loop (DiLoCo's overlapped outer steps) ends at a moment no two runs share, so counted as it
+        ends its bytes fell in whichever logged step was open then (or in none, between a row's
+        snapshot and the next window's); credited when its result is used they fall in the same
+        step in every run, a resumed one included."""
+        tally = dict.fromkeys(self.FIELDS, 0)
+        outer = getattr(self._held, "tally", None)
+        self._held.tally = tally
+        try:
+            yield tally
+        finally:
+            self._held.tally = outer
+
+    def credit(self, tally: dict[str, int]) -> None:
+        """Adds a tally from `held()` to the totals (not to any thread's own counts: it is no
+        collective of the crediting thread's)."""
+        with self._lock:
+            for field, attribute in self.FIELDS.items():
+                setattr(self, attribute, getattr(self, attribute) + int(tally.get(field, 0)))
+
     def install(self) -> BytesCounter:
         if self._replaced:
             return self
+        _INSTALLED.append(self)
         for name in (*_SENT, *_COUNTED_INSIDE):
             original = getattr(c10d, name, None)
             if original is None:
@@ -350,6 +385,8 @@ class BytesCounter:
         for module, name, original in reversed(self._replaced):
             setattr(module, name, original)
         self._replaced.clear()
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
 
     def __enter__(self):
         return self.install()
@@ -377,6 +414,11 @@ class BytesCounter:
                 self._depth.value = depth
             if volumes is not None:
                 sent, got, sent_between, got_between = volumes
+                tally = getattr(self._held, "tally", None)
+                if tally is not None:                # held(): credited later, by the caller
+                    for field, value in zip(self.FIELDS, (sent, got, sent_between, got_between, 1)):
+                        tally[field] += value
+                    return result
                 with self._lock:
                     self.total += sent
                     self.received += got

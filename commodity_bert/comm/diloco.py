@@ -28,10 +28,16 @@ a checkpoint taken while one is in flight waits for it and saves the averaged Δ
 is due, so a resumed run applies it where the uninterrupted one would. The last step of a run
 ends every fragment's round, without overlap: what the run evaluates and exports is one model.
 
+Warm-up (`warmup_steps` W > 0): the first W steps are ordinary data-parallel steps (the engine
+allreduces every gradient, so the ranks stay identical), and the rounds start from the model they
+reach: θ is taken after step W and round ends fall at t − W ≡ offset (mod H). The original DiLoCo
+starts its rounds from a model trained synchronously first; each warm-up step costs a whole
+gradient allreduce, about the bytes of 4 int4 rounds.
+
 Written here because neither DeepSpeed nor torch has it. Selected by the project block of the
 DeepSpeed config:
     "commodity_bert": {"diloco": {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9,
-                                  "nesterov": true, "compression": "none"}}
+                                  "nesterov": true, "compression": "none", "warmup_steps": 0}}
 `compression` is how Δ travels: "none" (fp32 allreduce, 4 bytes a parameter), "bf16" (bf16
 allreduce, 2), "int8" or "int4" (8- or 4-bit values with one fp32 scale per 256, reduced through
 an all-to-all and an all-gather as the 1-bit allreduce is: about 1 or 0.5 byte a parameter each
@@ -48,12 +54,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from commodity_bert.comm import bytes_counter
 from commodity_bert.comm.lowbit import ROUNDINGS, LowBitAverage
+from commodity_bert.comm.topology import world_timeout
 from commodity_bert.optim.precision import MasterParams
 
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
             "compression": "none", "outer_state_device": "auto", "rounding": "nearest", "error_feedback": False,
-            "fragments": 1, "overlap_steps": 0, "merge": 0.5}
+            "fragments": 1, "overlap_steps": 0, "merge": 0.5, "warmup_steps": 0}
 COMPRESSIONS = ("none", "bf16", "int8", "int4")
 STATE_DEVICES = ("auto", "cpu", "accelerator")
 LAYER = re.compile(r"\.layer\.(\d+)\.")
@@ -101,6 +109,9 @@ def check_settings(settings: dict) -> str | None:
                 f"so a fragment's update lands before its next round ends)")
     if not number(settings["merge"]) or not 0 <= settings["merge"] <= 1:
         return f"diloco merge {settings['merge']!r}: give a number in [0, 1] (the paper's: 0.5)"
+    if not count(settings["warmup_steps"]) or settings["warmup_steps"] < 0:
+        return (f"diloco warmup_steps {settings['warmup_steps']!r}: give 0 or more steps of ordinary data-parallel "
+                f"training before the first round, e.g. 0")
     return None
 
 
@@ -174,12 +185,14 @@ class DiLoCo:
         self.settings = settings
         self.overlap = settings["overlap_steps"]
         self.merge = settings["merge"] if self.overlap else 0.0
+        self.warmup = settings["warmup_steps"]
+        self.warming_up = self.warmup > 0  # until step W: the engine allreduces, no rounds
         tensors = masters.tensors
         self.numel = sum(t.numel() for t in tensors)
         self.device = tensors[0].device
         self.state_device = _state_device(settings["outer_state_device"], self.device, self.numel)
         # θ (the last synced parameters) and b, flat fp32
-        self.start = torch.cat([t.detach().reshape(-1).float() for t in tensors]).to(self.state_device)
+        self.start = self._flat_masters().to(self.state_device)
         self.velocity = torch.zeros_like(self.start)
         self.rounds = 0  # outer steps of the whole model (a fragment's counts 1/P)
         bases, total = [], 0
@@ -197,13 +210,18 @@ class DiLoCo:
         for p, fragment in enumerate(self.fragments):
             fragment.average = self._exchange(fragment.numel, p)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="diloco-outer") if own_groups else None
-        self.pending: dict[int, tuple[int, Future | torch.Tensor]] = {}  # fragment → (step due, averaged Δ)
+        # fragment → (step due, averaged Δ, its exchange's bytes not yet counted: _held_back)
+        self.pending: dict[int, tuple[int, Future | torch.Tensor, dict]] = {}
+
+    def _flat_masters(self) -> torch.Tensor:
+        """The rank's parameters as one flat fp32 tensor, laid out as θ."""
+        return torch.cat([t.detach().reshape(-1).float() for t in self.masters.tensors])
 
     def _groups(self):
         """The process group of the background exchanges (collective: every rank, the same order):
         gloo and NCCL keep a group's collectives in the order they were issued, so the thread's may
         not share one with the loop's. In two levels the hierarchy's groups are the exchanges' alone."""
-        return (dist.new_group(), None) if self.hierarchy is None else (None, self.hierarchy)
+        return (dist.new_group(timeout=world_timeout()), None) if self.hierarchy is None else (None, self.hierarchy)
 
     def _exchange(self, numel: int, seed: int):
         """The averaging of one fragment's Δ, as `compression` says, flat or in two levels."""
@@ -232,7 +250,9 @@ class DiLoCo:
             streamed = (f"; {len(self.fragments)} fragment{'s' if len(self.fragments) > 1 else ''} at offsets "
                         f"{[f.offset for f in self.fragments]}, each overlapped with {self.overlap} inner steps"
                         f"{f' (merge {self.merge})' if self.overlap else ''}")
-        return (f"an outer step every {self.inner_steps} steps (lr {self.outer_lr}, momentum {self.momentum}"
+        warmup = f"{self.warmup} data-parallel steps first{' (in progress)' if self.warming_up else ''}, then " \
+            if self.warmup else ""
+        return (f"{warmup}an outer step every {self.inner_steps} steps (lr {self.outer_lr}, momentum {self.momentum}"
                 f"{', Nesterov' if self.nesterov else ''}), pseudo-gradient sent as {sent}{streamed}; "
                 f"{self.numel:,} parameters, updated through {masters}; outer state on {self.state_device.type}, "
                 f"round {self.rounds:g}")
@@ -241,6 +261,11 @@ class DiLoCo:
     @torch.no_grad()
     def after_step(self, step: int, last: bool) -> None:
         """After the inner step `step`: updates due now applied, rounds ending now started."""
+        if self.warming_up:
+            if step >= self.warmup or last:  # the ranks are alike: every one takes θ from its own copy
+                self.start.copy_(self._flat_masters())
+                self.warming_up = False
+            return
         for p in sorted(self.pending):
             if self.pending[p][0] <= step or last:
                 self._apply(p, self._result(p))
@@ -250,11 +275,12 @@ class DiLoCo:
             self.masters.push_to_model()
             return
         for p, fragment in enumerate(self.fragments):
-            if step % self.inner_steps != fragment.offset:
+            if (step - self.warmup) % self.inner_steps != fragment.offset:
                 continue
             if self.overlap:
                 delta = self._delta(p)
-                self.pending[p] = (step + self.overlap, self.executor.submit(fragment.average, delta))
+                in_flight = self.executor.submit(_held_back, fragment.average, delta)
+                self.pending[p] = (step + self.overlap, in_flight, {})
             else:
                 self._apply(p, fragment.average(self._delta(p)))
         self.masters.push_to_model()
@@ -269,9 +295,13 @@ class DiLoCo:
         return fragment.take(self.start).to(self.device) - fragment.local(self.masters.tensors)
 
     def _result(self, p: int) -> torch.Tensor:
-        """The averaged Δ of fragment p's update in flight, no longer pending."""
+        """The averaged Δ of fragment p's update in flight, no longer pending; the exchange's bytes
+        count now, in the step that uses it (`_held_back`)."""
         result = self._wait(p)
-        del self.pending[p]
+        _, _, tally = self.pending.pop(p)
+        counter = bytes_counter.installed()
+        if counter is not None:
+            counter.credit(tally)
         return result
 
     def _apply(self, p: int, delta: torch.Tensor, merge: float | None = None) -> None:
@@ -302,6 +332,9 @@ class DiLoCo:
     def global_model(self):
         """The model as all ranks share it (θ, each fragment's last result) inside; the rank's own
         parameters back afterwards. For evaluation and export in the middle of a round."""
+        if self.warming_up:  # the ranks' own parameters are the shared ones
+            yield
+            return
         kept = [t.detach().clone() for t in self.masters.tensors]
         self._write_masters(self.start.to(self.device))
         try:
@@ -312,17 +345,19 @@ class DiLoCo:
             self.masters.push_to_model()  # the model's parameters are the masters, cast
 
     # θ, b and the updates in flight are the same on every rank: they travel in DeepSpeed's
-    # checkpoint (client state); the exchanges' error feedback is each rank's own
+    # checkpoint (client state); the exchanges' error feedback, and the bytes of an update in
+    # flight not yet counted, are each rank's own
     def state_dict(self) -> dict:
-        pending = {p: (due, self._wait(p).cpu()) for p, (due, _) in list(self.pending.items())}
+        pending = {p: (due, self._wait(p).cpu()) for p, (due, *_) in list(self.pending.items())}
         return {"start": self.start.cpu(), "velocity": self.velocity.cpu(), "rounds": self.rounds,
-                "inner_steps": self.inner_steps, "fragments": len(self.fragments), "pending": pending}
+                "inner_steps": self.inner_steps, "fragments": len(self.fragments), "pending": pending,
+                "warming_up": self.warming_up}
 
     def _wait(self, p: int) -> torch.Tensor:
-        due, result = self.pending[p]
+        due, result, tally = self.pending[p]
         if isinstance(result, Future):
-            result = result.result()
-            self.pending[p] = (due, result)
+            result, tally = result.result()
+            self.pending[p] = (due, result, tally)
         return result
 
     def load_state_dict(self, state: dict) -> None:
@@ -332,18 +367,41 @@ class DiLoCo:
         self.start.copy_(state["start"])
         self.velocity.copy_(state["velocity"])
         self.rounds = state["rounds"]
+        self.warming_up = state.get("warming_up", False)  # saved before warm-up existed: in its rounds
         if state.get("fragments", 1) == len(self.fragments):
-            self.pending = {int(p): (due, delta.to(self.device)) for p, (due, delta) in state.get("pending", {}).items()}
+            self.pending = {int(p): (due, delta.to(self.device), {})
+                            for p, (due, delta) in state.get("pending", {}).items()}
 
     def rank_state_dict(self) -> list[dict]:
-        return [f.average.state_dict() if hasattr(f.average, "state_dict") else {} for f in self.fragments]
+        """Per fragment: its exchange's state (error feedback) and the uncounted bytes of its update
+        in flight (`held_bytes`)."""
+        held = {}
+        for p in self.pending:
+            self._wait(p)  # its bytes are known once it has ended
+            held[p] = self.pending[p][2]
+        return [{**(f.average.state_dict() if hasattr(f.average, "state_dict") else {}),
+                 "held_bytes": held.get(p, {})} for p, f in enumerate(self.fragments)]
 
     def load_rank_state_dict(self, states: list[dict]) -> None:
         if len(states) != len(self.fragments):
             return  # saved with another split: the error feedback starts from zero
-        for fragment, state in zip(self.fragments, states):
+        for p, (fragment, state) in enumerate(zip(self.fragments, states)):
+            state = dict(state)
+            held = state.pop("held_bytes", {})
+            if p in self.pending:
+                self.pending[p] = (*self.pending[p][:2], held)
             if hasattr(fragment.average, "load_state_dict"):
                 fragment.average.load_state_dict(state)
+
+
+def _held_back(average, delta: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """An overlapped exchange, run on the background thread, and its bytes and calls held back
+    from the counter (bytes_counter.BytesCounter.held) until `_result` credits them at the step
+    that applies the average: the step is the same in every run, where the moment the thread ends
+    is not (it decided which logged step carried the bytes, so a resumed run's metrics differed)."""
+    counter = bytes_counter.installed()
+    with (counter.held() if counter is not None else contextlib.nullcontext({})) as tally:
+        return average(delta), tally
 
 
 class _TwoLevels:

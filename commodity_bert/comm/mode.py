@@ -396,15 +396,16 @@ class DiLoCoMode(RanksStepAlone):
         return [f"DiLoCo: {self.diloco.describe()}"]
 
     def micro_batch(self, boundary: bool):
-        # inner steps: no gradient allreduce (nor the fp16 wrapper's overflow flag's)
-        return self.engine.no_sync()
+        # inner steps: no gradient allreduce (nor the fp16 wrapper's overflow flag's); warm-up
+        # steps are ordinary data-parallel ones
+        return contextlib.nullcontext() if self.diloco.warming_up else self.engine.no_sync()
 
     def after_step(self, step: int, last: bool) -> None:
         # the last step ends every round too: what the run evaluates and exports is one model
         self.diloco.after_step(step, last)
 
     def grads_averaged(self) -> bool:
-        return False
+        return self.diloco is not None and self.diloco.warming_up
 
     def shared_model(self):
         return self.diloco.global_model()

@@ -53,6 +53,15 @@ def check_setting(ds_config: dict) -> str | None:
     return None
 
 
+def world_timeout():
+    """The world group's collective timeout (train.py's --dist-timeout-minutes), for the groups
+    made after it: torch gives those its own default (30 minutes on gloo) unless told, so a peer
+    that hangs would hold an exchange on them three times longer than the user asked for."""
+    backend = dist.distributed_c10d._get_default_group()._get_backend(
+        torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu"))
+    return getattr(getattr(backend, "options", None), "_timeout", None)
+
+
 def node_key() -> str:
     """This rank's node, as the launcher knows it."""
     for variable in ("CROSS_RANK", "GROUP_RANK", "SLURM_NODEID"):  # DeepSpeed's launch.py, torchrun, srun
@@ -99,9 +108,9 @@ class Topology:
 
     def hierarchy(self) -> Hierarchy:
         """Collective (every rank, the same order): the process groups of the two levels."""
-        local, _ = dist.new_subgroups_by_enumeration(self.nodes)
+        local, _ = dist.new_subgroups_by_enumeration(self.nodes, timeout=world_timeout())
         crossing = [[node[i] for node in self.nodes] for i in range(len(self.nodes[0]))]
-        cross, _ = dist.new_subgroups_by_enumeration(crossing)
+        cross, _ = dist.new_subgroups_by_enumeration(crossing, timeout=world_timeout())
         return Hierarchy(local, cross, len(self.nodes[0]), len(self.nodes), self.node_of[dist.get_rank()])
 
 

@@ -36,6 +36,7 @@ class Compute:
     flops_per_s: float
     optimizer_s_per_param: float = 0.0
     compress_s_per_param: float = 0.0
+    lowbit_s_per_param: float = 0.0  # DiLoCo's int4/int8 average's own passes (preflight)
     grad_sync_local_s_per_param: float = 0.0
     measured: dict | None = None  # the profile's step, used as is when the workload matches it
     source: str = ""
@@ -78,6 +79,7 @@ def compute_from_profile(profile: dict) -> Compute:
                    optimizer_s_per_param=slowest["optimizer_s"] / slowest["params"],
                    compress_s_per_param=max(0.0, slowest["onebit_optimizer_s"] - slowest["optimizer_s"])
                    / slowest["params"],
+                   lowbit_s_per_param=slowest.get("lowbit_average_s", 0.0) / slowest["params"],
                    grad_sync_local_s_per_param=slowest.get("grad_sync_local_s", 0.0) / slowest["params"],
                    measured=slowest, source=f"profile: {slowest['host']} rank {slowest['rank']}, {slowest['device']}")
 
@@ -157,11 +159,13 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
             notes.append(f"{name}: no commodity_bert.diloco block in the config; DiLoCo's defaults assumed "
                          f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
         extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"],
-                     fragments=int(settings["fragments"]), overlap_steps=int(settings["overlap_steps"]))
+                     fragments=int(settings["fragments"]), overlap_steps=int(settings["overlap_steps"]),
+                     warmup_steps=int(settings["warmup_steps"]))
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
                     grad_bytes=2 if precision_of(config) in ("fp16", "bf16") else 4, fb_s=fb_s,
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
                     compress_s=compute.compress_s_per_param * params,
+                    lowbit_s=compute.lowbit_s_per_param * params,
                     freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
                     log_every=log_every, wrapped=precision_of(config) != "fp32",

@@ -209,6 +209,7 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
     onebit_config = {**config, "optimizer": {"type": "OneBitLamb", "params": {**onebit_params, "freeze_step": 1}}}
     onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, own)
     del batches
+    lowbit_s = time_lowbit_average(lamb["params"], device, own, args.steps)
     fb_s, optimizer_s = statistics.median(lamb["fb"]), statistics.median(lamb["opt"])
     flops = [training_flops(model_config, tokens, args.micro_batch * width * width, masked)
              for tokens, width, masked in lamb["shapes"]]
@@ -224,8 +225,27 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
             # back) and train.py's gradient norm of the averaged gradients
             "grad_sync_local_s": statistics.median(lamb["sync"]),
             "onebit_optimizer_s": statistics.median(onebit["opt"]), "scale_block": onebit_params["scale_block"],
+            "lowbit_average_s": lowbit_s,
             "model_flops_per_micro_batch": statistics.mean(flops),
             "model_tflops": statistics.mean(flops) / fb_s / 1e12}
+
+
+def time_lowbit_average(params: int, device: torch.device, group, calls: int) -> float:
+    """DiLoCo's int4 average with error feedback (comm/lowbit.py) of a parameter-sized pseudo-
+    gradient on this rank's one-rank group: its quantize, pack, unpack and feedback passes, not
+    the wire (median of `calls` after one to warm up). On CPU ranks these passes take as long as
+    several inner steps' optimizer and are no less in a streamed exchange: they share its cores."""
+    from commodity_bert.comm.lowbit import LowBitAverage
+    average = LowBitAverage(params, 4, device, group, "nearest", True, 0)
+    delta = torch.randn(params, device=device) * 1e-3
+    times = []
+    for _ in range(calls + 1):
+        sync(device)
+        start = time.perf_counter()
+        average(delta)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
 
 
 def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.device, steps: int,

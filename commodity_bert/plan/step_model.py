@@ -40,7 +40,8 @@ Communication, per step, over the slowest link of a ring:
               optimizer step). Streamed (`fragments` P): P such steps per H, each on a P-th of
               the parameters; with `overlap_steps` τ the exchange runs behind the next τ inner
               steps' compute and only what exceeds it is exposed. The last step syncs every
-              fragment, blocking.
+              fragment, blocking. `warmup_steps` W: the first W steps are "warmup" steps,
+              priced as lamb's (the engine's gradient allreduce), and the rounds count from W.
   two levels  the compressed exchanges (1-bit LAMB's, 0/1 Adam's, DiLoCo's int8) where nodes hold
               G > 1 GPUs and the config's hierarchy block says so (comm/topology.py; "auto": on
               more than one node): a reduce-scatter and an all-gather of the fp32 buffer inside
@@ -147,6 +148,7 @@ class Workload:
     fb_s: float                 # forward + backward of one micro-batch, one GPU
     optimizer_s: float          # the optimizer's step, one GPU
     compress_s: float = 0.0     # 1-bit LAMB: its compression-stage step's extra work over LAMB's step
+    lowbit_s: float = 0.0       # DiLoCo int4/int8: the average's quantize/pack/feedback passes, whole model
     grad_sync_local_s: float = 0.0  # the gradient allreduce's own memory passes (flatten, scale, copy back)
     freeze_step: int = 0        # 1-bit LAMB: compressed from this step on
     scale_block: int | None = 256
@@ -160,6 +162,7 @@ class Workload:
     outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8 | int4
     fragments: int = 1          # Streaming DiLoCo: fragments synced at staggered steps
     overlap_steps: int = 0      # and the inner steps each fragment's exchange overlaps
+    warmup_steps: int = 0       # DiLoCo's data-parallel steps before the first round
     hierarchy: str | bool = "auto"  # the config's commodity_bert.hierarchy.enabled (comm/topology.py)
     notes: list[str] = field(default_factory=list)
 
@@ -217,6 +220,8 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         if flag:
             exchange, sent = exchange + net.allreduce_s(1.0, nodes, gpus_per_node), sent + ring_allreduce_bytes(1.0, world)
         return StepEstimate(compute + work.compress_s, exchange, exchange, sent, (4 + flag) if world > 1 else 0)
+    if optimizer == "diloco" and stage == "warmup":  # an ordinary data-parallel step
+        return _training_step(work, "lamb", "full", nodes, gpus_per_node, net)
     if optimizer == "diloco" and stage == "inner":  # engine.no_sync(): not even the overflow flag
         return StepEstimate(compute, 0.0, 0.0, 0.0, 0)
     if optimizer == "diloco":
@@ -226,14 +231,15 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
         params = work.params * share
         compute += work.optimizer_s * share  # the outer update's passes over the fragment
         bits = {"int8": 8, "int4": 4}.get(work.outer_compression)
-        if bits:
+        if bits:  # its passes run on the rank's own cores or stream: not hidden by the overlap
+            compute += work.lowbit_s * share / (gpus_per_node if levels else 1)  # two levels: its slice
             size = params * (bits / 8 + 4 / LOWBIT_BLOCK)
             seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, 4.0 * params)
             sent, rounds = compressed_bytes_per_rank(size, 4.0 * params, nodes, gpus_per_node, levels), 2
         else:
             size = params * (2.0 if work.outer_compression == "bf16" else 4.0)
             seconds, sent, rounds = net.allreduce_s(size, nodes, gpus_per_node), ring_allreduce_bytes(size, world), 1
-        hidden = work.overlap_steps * (compute - work.optimizer_s * share) if stage == "outer" else 0.0
+        hidden = work.overlap_steps * (accumulation * work.fb_s + work.optimizer_s) if stage == "outer" else 0.0  # inner steps
         return StepEstimate(compute, max(seconds - hidden, 0.0), seconds, sent, rounds if world > 1 else 0)
     if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
         agree = (flag and stage == "onebit", 1.0), (work.loss_scaled and world > 1 and stage == "sync", 16.0)
@@ -273,9 +279,9 @@ def step_sequence(work: Workload, optimizer: str) -> list[str]:
         from commodity_bert.optim.zero_one_adam import step_kinds
         return list(step_kinds(work.steps, *work.zero_one_schedule))
     if optimizer == "diloco":  # a fragment's round end (comm/diloco.py), and every fragment's at the last step
-        ends = {p * work.inner_steps // work.fragments for p in range(work.fragments)}
-        return ["final" if t == work.steps else "outer" if t % work.inner_steps in ends else "inner"
-                for t in range(1, work.steps + 1)]
+        ends, warm = {p * work.inner_steps // work.fragments for p in range(work.fragments)}, work.warmup_steps
+        return ["warmup" if t <= warm else "final" if t == work.steps else
+                "outer" if (t - warm) % work.inner_steps in ends else "inner" for t in range(1, work.steps + 1)]
     return ["full"] * work.steps
 
 
@@ -297,10 +303,14 @@ def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
         if optimizer == "onebit_lamb":
             warm = min(work.freeze_step, work.steps)
             return [("full", warm), ("compressed", work.steps - warm)]
-        before_last = work.steps - 1
+        warm = min(work.warmup_steps, work.steps)
+        if warm == work.steps:  # the run ends in its warm-up: no round, no final sync
+            return [("warmup", warm)]
+        before_last = work.steps - warm - 1
         outer = sum((before_last - p * work.inner_steps // work.fragments) // work.inner_steps + (p > 0)
                     for p in range(work.fragments)) if before_last > 0 else 0
-        return [("inner", work.steps - 1 - outer), ("outer", outer), ("final", 1)]
+        rounds = [("inner", work.steps - warm - 1 - outer), ("outer", outer), ("final", 1)]
+        return ([("warmup", warm)] if warm else []) + rounds
     return list(Counter(step_sequence(work, optimizer)).items())
 
 

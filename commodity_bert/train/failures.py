@@ -27,6 +27,11 @@ def lost_peer_line(exc: BaseException, rank: str, host: str) -> str | None:
         return None
     # "[/__w/pytorch/.../pair.cc:553] Connection closed by peer [10.0.0.2]:54411. This is typically..."
     what = re.sub(r"^\[[^\]]*\]\s*", "", message.strip().splitlines()[0]).split(". ")[0].rstrip(".")
+    if re.search(r"timed out|timeout", what, re.IGNORECASE):  # alive but silent: behind, hung or stopped
+        return (f"train.py: error: rank {rank} on {host} waited for a peer longer than the collective timeout "
+                f"({what}): another rank fell behind, hung or stopped; find it in its own log (raise "
+                f"--dist-timeout-minutes if it is only slow), then relaunch the same command, or requeue the "
+                f"job, to go on from the last checkpoint (--resume auto)")
     return (f"train.py: error: rank {rank} on {host} lost a peer ({what}): another rank's process or its node "
             f"stopped (that rank's own log says why, if it could write one); relaunch the same command, or "
             f"requeue the job, to go on from the last checkpoint (--resume auto)")
