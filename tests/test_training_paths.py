@@ -4,6 +4,7 @@ bucket-wise clipping, ZeRO-1 and ZeRO-2 AdamW, gradient accumulation, dynamic ma
 a checkpoint directory, exact resume; each asserts numbers against an fp32 run or a reference
 computed here. The fp16-only logic (loss scaling) is tested in test_precision.py."""
 import json
+from statistics import median
 
 import pytest
 import torch
@@ -94,12 +95,15 @@ def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
     # by 0) put them 0.058 and 0.10 above.
     for step in (11, 12, 13):
         assert abs(bf16[step]["loss"] - fp32[step]["loss"]) < 2 * BF16_LOSS_TOLERANCE, (step, bf16[step], fp32[step])
-    # Later, 1-bit compression amplifies the smallest differences (a sign flips, a trust-ratio
-    # factor is clipped or not): changing fp32's lr by 0.1% or 1% moved step 15's loss over
-    # 9.369-9.434 on that Xeon, and on one CI machine the bf16 run's 5-step mean at 15 came out
-    # 0.075 above fp32's after tracking it within 0.01 at 5 and 10. There it is only held to go on
-    # falling.
-    assert window_loss(bf16, 15) < window_loss(bf16, 10) - 0.05, (window_loss(bf16, 15), window_loss(fp32, 15))
+    # Later the runs part: this compression stage (frozen after 10 steps, far earlier than a real
+    # run would) has one-step loss spikes that the next step undoes, in fp32 too, wherever the
+    # smallest difference puts them. Measured on an AMD EPYC with lr nudged by 1%: bf16 spiked at
+    # step 14 (grad norm 20) or 16 (100), fp32 at 16 (110-120), with lr 0.01 itself as well; there
+    # bf16's 5-step mean at 15 is 0.08 above fp32's, as on one CI machine. So the stage is only
+    # held to go on learning: the median of steps 11-15 (a spike moves a median little) 0.16-0.20
+    # below that of steps 6-10 in all of those runs.
+    assert median(bf16[s]["loss"] for s in range(11, 16)) < median(bf16[s]["loss"] for s in range(6, 11)) - 0.1, \
+        ([bf16[s]["loss"] for s in range(6, 16)], [fp32[s]["loss"] for s in range(6, 16)])
     # the freeze at the same step as in fp32 (DeepSpeed's priming step is not counted): warmup
     # sends bf16 gradients, half fp32's, the compression stage the same 1-bit momenta as fp32
     assert bf16[10]["bytes_sent"] == pytest.approx(fp32[10]["bytes_sent"] / 2, rel=1e-6)  # ring volumes, floored
