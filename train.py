@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from commodity_bert.comm import mode as comm_mode
+from commodity_bert.comm.bucketwise import PROJECT_BLOCK
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.topology import Topology
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
@@ -43,6 +44,7 @@ from commodity_bert.model.bert import (
     build_model,
     executed_training_flops,
     load_pretrained,
+    use_activation_checkpointing,
 )
 from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
@@ -54,6 +56,7 @@ from commodity_bert.train.failures import lost_peer_line
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,
+    check_against_device,
     check_data_against_model,
     check_deepspeed_config,
     load_deepspeed_config,
@@ -205,8 +208,10 @@ def start_watcher(flags: str, run_dir: Path, rank: int) -> None:
                   flush=True)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """One training run; `argv` as on the command line (benchmarks/gpu/session.py runs several in
+    one process, as a lent GPU's minutes cannot pay a launch per check)."""
+    args = parse_args(argv)
     run_dir = Path(args.output_dir)
     on_cuda = torch.cuda.is_available()
     device = torch.device("cuda", args.local_rank) if on_cuda else torch.device("cpu")
@@ -232,6 +237,7 @@ def main() -> None:
         ds_config = load_deepspeed_config(args.deepspeed_config)
         given_config = json.loads(json.dumps(ds_config))  # for the record: the file as it was given
         total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
+        check_against_device(ds_config, on_cuda)
         manifest = fmt.load_manifest(args.data)
         data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
         model_config = build_config(args.model, manifest["vocab"]["size"])
@@ -281,6 +287,8 @@ def main() -> None:
                 raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
         except (ModelConfigError, LaunchError) as exc:
             fail(str(exc))
+    if ds_config.get(PROJECT_BLOCK, {}).get("activation_checkpointing", {}).get("enabled"):
+        use_activation_checkpointing(hf_model)  # recompute each layer in backward: less memory
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 

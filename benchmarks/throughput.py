@@ -12,6 +12,9 @@ by side in one process, on real text.
 - project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
   its compilation happens in the warm-up round and is not timed. It tells whether train.py's
   opt-in `--compile` pays on a device (on the CPU: not in fp32, ~10% in bf16; RESULTS.md).
+- project_checkpointed (only when asked for): the project's path with activation checkpointing
+  (`"commodity_bert": {"activation_checkpointing": {"enabled": true}}` in train.py); on CUDA the
+  `step_memory_gb` column shows the memory it saves.
 
 Both train on the same samples (the project's stratified micro-batches; the baseline gets them
 padded), with the same optimizer (AdamW) and autocast precision, forward + backward + step.
@@ -49,7 +52,13 @@ from bench_common import make_shards
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import TrainingBatches
-from commodity_bert.model.bert import PretrainingModel, build_config, build_model, training_flops
+from commodity_bert.model.bert import (
+    PretrainingModel,
+    build_config,
+    build_model,
+    training_flops,
+    use_activation_checkpointing,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -140,6 +149,7 @@ class TrainingPath:
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.step_memory_gb: float | None = None  # CUDA only
 
     def loss(self, batch: dict) -> torch.Tensor:
         if self.name.startswith("project"):
@@ -150,8 +160,13 @@ class TrainingPath:
 
 
     def run(self) -> float:
-        """Seconds for one pass over the batches, one optimizer step per batch."""
+        """Seconds for one pass over the batches, one optimizer step per batch. On CUDA it also
+        keeps the most memory a step took above what was held before it (activations, gradients,
+        the optimizer's transients: what activation checkpointing trades for time)."""
         synchronize(self.device)
+        if self.device.type == "cuda":
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         started = time.perf_counter()
         for batch in self.batches:
             with torch.autocast(self.device.type, dtype=DTYPES[self.precision], enabled=self.precision != "fp32"):
@@ -161,7 +176,98 @@ class TrainingPath:
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        if self.device.type == "cuda":
+            step_memory = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
+            self.step_memory_gb = max(self.step_memory_gb or 0.0, step_memory)
+        return seconds
+
+    def release(self) -> None:
+        self.model = self.optimizer = self.batches = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def measure(device: torch.device, model_name: str, data: Path, precision: str, micro_batch: int, steps: int,
+            repeats: int, path_names: list[str], peak: float | None = None) -> list[dict]:
+    """One row per path: the same `steps` micro-batches of `data`, timed `repeats` times each after
+    a warm-up, paths alternating. `peak`: the matmul peak if already measured in this process."""
+    manifest = fmt.load_manifest(data)
+    seq_len = manifest["seq_len"]
+    batches = project_batches(data, micro_batch, steps)
+    config = build_config(model_name, manifest["vocab"]["size"])
+    real_tokens = sum(int(b["real_tokens"]) for b in batches)
+    sequences = sum(b["input_ids"].shape[0] for b in batches)
+    masked = sum(b["masked_index"].numel() for b in batches)
+    pairs_within = sum(int((b["attention_mask"].sum(1) ** 2).sum()) for b in batches)
+    pairs_trimmed = sum(b["input_ids"].shape[0] * b["input_ids"].shape[1] ** 2 for b in batches)
+    padded_tokens = sequences * seq_len
+    model_flops = training_flops(config, real_tokens, pairs_within, masked)
+    pairs_padded = sequences * seq_len ** 2
+    plan = {  # tokens through the encoder's layers, query-key pairs scored, FLOPs executed
+        "padded_baseline": {"computed": padded_tokens, "pairs": pairs_padded,
+                            "executed": training_flops(config, padded_tokens, pairs_padded, padded_tokens)},
+        "padded_sparse_head": {"computed": padded_tokens, "pairs": pairs_padded,
+                               "executed": training_flops(config, padded_tokens, pairs_padded, masked)},
+        "project": {"computed": real_tokens, "pairs": pairs_trimmed,
+                    "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
+    }
+    plan["project_compiled"] = plan["project"]
+    # activation checkpointing runs each layer's forward twice: 4/3 of the FLOPs, minus the head's
+    plan["project_checkpointed"] = {**plan["project"], "executed": plan["project"]["executed"] +
+                                    training_flops(config, real_tokens, pairs_trimmed, 0) / 3}
+
+    paths = []
+    torch.manual_seed(0)
+    base_model = build_model(config, nsp=manifest["nsp"])
+    for name in path_names:
+        if name.startswith("padded"):
+            hf = type(base_model)._from_config(copy.deepcopy(config), attn_implementation="sdpa")
+            hf.load_state_dict(base_model.state_dict())
+            if name == "padded_sparse_head":
+                model, inputs = PaddedSparseHead(hf), [padded_sparse_batch(b, seq_len, manifest["nsp"])
+                                                       for b in batches]
+            else:
+                model, inputs = hf, [padded_batch(b, seq_len, manifest["nsp"]) for b in batches]
+            paths.append(TrainingPath(name, model, inputs, device, precision, plan[name]["executed"]))
+        else:
+            hf = copy.deepcopy(base_model)
+            if name == "project_checkpointed":
+                use_activation_checkpointing(hf)
+            model = PretrainingModel(hf)
+            if name == "project_compiled":
+                model = torch.compile(model, dynamic=True)  # batch widths and token counts vary
+            paths.append(TrainingPath(name, model, batches, device, precision, plan[name]["executed"]))
+    if peak is None:
+        peak = matmul_peak_tflops(device, DTYPES[precision], 8192 if device.type == "cuda" else 2048)
+
+    for path in paths:  # warm-up: allocator, kernels' autotuning, lazy optimizer state
+        path.run()
+    times = {path.name: [] for path in paths}
+    for _ in range(repeats):
+        for path in paths:
+            times[path.name].append(path.run())
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    rows = []
+    for path in paths:
+        seconds = statistics.median(times[path.name])
+        tflops = model_flops / seconds / 1e12
+        rows.append({
+            "path": path.name, "device": device_name, "model": model_name, "seq_len": seq_len,
+            "precision": precision, "micro_batch": micro_batch, "steps": steps,
+            "seq_per_s": sequences / seconds, "tokens_per_s": real_tokens / seconds,
+            "computed_over_real": plan[path.name]["computed"] / real_tokens,
+            "attention_pairs_over_real": plan[path.name]["pairs"] / pairs_within,
+            "tflops": tflops, "executed_tflops": path.executed_flops / seconds / 1e12,
+            "mfu": tflops / peak, "peak_tflops": peak, "real_share": real_tokens / padded_tokens,
+            "step_s_median": seconds / steps, "step_s_all": [t / steps for t in times[path.name]],
+            "step_memory_gb": path.step_memory_gb,
+        })
+    for path in paths:  # free the device for the next measurement in this process
+        path.release()
+    return rows
 
 
 def main() -> None:
@@ -176,7 +282,7 @@ def main() -> None:
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
     parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
     parser.add_argument("--paths", nargs="+",
-                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled"],
+                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled", "project_checkpointed"],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
     parser.add_argument("--json", help="write the rows here")
@@ -191,75 +297,14 @@ def main() -> None:
 
     if args.data:
         data = Path(args.data)
-        args.seq_len = fmt.load_manifest(data)["seq_len"]
     else:
         data = prepare_data(args.input, args.seq_len, Path(args.work or tempfile.mkdtemp(prefix="throughput_")))
-    manifest = fmt.load_manifest(data)
-    batches = project_batches(data, args.micro_batch, args.steps)
-    config = build_config(args.model, manifest["vocab"]["size"])
-    real_tokens = sum(int(b["real_tokens"]) for b in batches)
-    sequences = sum(b["input_ids"].shape[0] for b in batches)
-    masked = sum(b["masked_index"].numel() for b in batches)
-    pairs_within = sum(int((b["attention_mask"].sum(1) ** 2).sum()) for b in batches)
-    pairs_trimmed = sum(b["input_ids"].shape[0] * b["input_ids"].shape[1] ** 2 for b in batches)
-    padded_tokens = sequences * args.seq_len
-    model_flops = training_flops(config, real_tokens, pairs_within, masked)
-    pairs_padded = sequences * args.seq_len ** 2
-    plan = {  # tokens through the encoder's layers, query-key pairs scored, FLOPs executed
-        "padded_baseline": {"computed": padded_tokens, "pairs": pairs_padded,
-                            "executed": training_flops(config, padded_tokens, pairs_padded, padded_tokens)},
-        "padded_sparse_head": {"computed": padded_tokens, "pairs": pairs_padded,
-                               "executed": training_flops(config, padded_tokens, pairs_padded, masked)},
-        "project": {"computed": real_tokens, "pairs": pairs_trimmed,
-                    "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
-    }
-    plan["project_compiled"] = plan["project"]
-
-    paths = []
-    base_model = build_model(config, nsp=manifest["nsp"])
-    for name in args.paths:
-        if name.startswith("padded"):
-            hf = type(base_model)._from_config(copy.deepcopy(config), attn_implementation="sdpa")
-            hf.load_state_dict(base_model.state_dict())
-            if name == "padded_sparse_head":
-                model, inputs = PaddedSparseHead(hf), [padded_sparse_batch(b, args.seq_len, manifest["nsp"])
-                                                       for b in batches]
-            else:
-                model, inputs = hf, [padded_batch(b, args.seq_len, manifest["nsp"]) for b in batches]
-            paths.append(TrainingPath(name, model, inputs, device, precision, plan[name]["executed"]))
-        else:
-            model = PretrainingModel(copy.deepcopy(base_model))
-            if name == "project_compiled":
-                model = torch.compile(model, dynamic=True)  # batch widths and token counts vary
-            paths.append(TrainingPath(name, model, batches, device, precision, plan[name]["executed"]))
-    peak = matmul_peak_tflops(device, DTYPES[precision], 8192 if device.type == "cuda" else 2048)
-
-    for path in paths:  # warm-up: allocator, kernels' autotuning, lazy optimizer state
-        path.run()
-    times = {path.name: [] for path in paths}
-    for _ in range(args.repeats):
-        for path in paths:
-            times[path.name].append(path.run())
-
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-    rows = []
-    for path in paths:
-        seconds = statistics.median(times[path.name])
-        tflops = model_flops / seconds / 1e12
-        rows.append({
-            "path": path.name, "device": device_name, "model": args.model, "seq_len": args.seq_len,
-            "precision": precision, "micro_batch": args.micro_batch, "steps": args.steps,
-            "seq_per_s": sequences / seconds, "tokens_per_s": real_tokens / seconds,
-            "computed_over_real": plan[path.name]["computed"] / real_tokens,
-            "attention_pairs_over_real": plan[path.name]["pairs"] / pairs_within,
-            "tflops": tflops, "executed_tflops": path.executed_flops / seconds / 1e12,
-            "mfu": tflops / peak, "peak_tflops": peak,
-            "step_s_median": seconds / args.steps, "step_s_all": [t / args.steps for t in times[path.name]],
-        })
-
+    rows = measure(device, args.model, data, precision, args.micro_batch, args.steps, args.repeats, args.paths)
+    args.seq_len = rows[0]["seq_len"]
+    peak, device_name = rows[0]["peak_tflops"], rows[0]["device"]
+    real_share = rows[0]["real_share"]
     print(f"{args.model}, seq {args.seq_len}, {precision}, micro-batch {args.micro_batch}, {device_name}; "
-          f"{args.data or args.input}: {real_tokens / padded_tokens:.1%} of padded positions are real tokens; "
+          f"{args.data or args.input}: {real_share:.1%} of padded positions are real tokens; "
           f"matmul peak {peak:.2f} TFLOP/s")
     print(f"{'path':<16} {'seq/s':>8} {'real tok/s':>11} {'computed/real':>13} {'attn pairs/real':>15} "
           f"{'TFLOP/s':>8} {'executed':>8} {'MFU':>6} {'step s':>7}")

@@ -7,6 +7,7 @@ from torch import nn
 from commodity_bert.optim.lamb import Lamb
 
 DEEPSPEED_BUILT = {"adam", "adamw"}
+LAMB_IMPLEMENTATIONS = ("deepspeed", "project")  # DeepSpeed's FusedLamb, or optim/lamb.py
 PROJECT_OPTIMIZERS = {"lamb", "onebitlamb", "zerooneadam"}
 LAMB_PARAMS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}
 # DeepSpeed's OneBitLamb parameter names
@@ -32,16 +33,24 @@ def optimizer_name(ds_config: dict) -> str:
     return str(ds_config.get("optimizer", {}).get("type", "")).lower()
 
 
+def lamb_implementation(ds_config: dict, on_cuda: bool) -> str:
+    """Which LAMB a config's "Lamb" runs: "commodity_bert.lamb.implementation" where given, else
+    DeepSpeed's FusedLamb on CUDA and the project's own elsewhere (FusedLamb is CUDA-only)."""
+    return ds_config.get("commodity_bert", {}).get("lamb", {}).get("implementation") or \
+        ("deepspeed" if on_cuda else "project")
+
+
 def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
     """(client optimizer or None, model parameters, DeepSpeed config to use).
 
-    DeepSpeed builds Adam/AdamW, and Lamb on CUDA (FusedLamb), from the config; for our own
-    LAMB the optimizer block is taken out of the config and the optimizer passed in."""
+    DeepSpeed builds Adam/AdamW, and Lamb on CUDA (FusedLamb) unless the config's
+    "commodity_bert.lamb.implementation" says "project"; for our own LAMB the optimizer block is
+    taken out of the config and the optimizer passed in."""
     block = ds_config.get("optimizer", {})
     params = dict(block.get("params", {}))
     groups = parameter_groups(model, params.get("weight_decay", 0.0))
     name = optimizer_name(ds_config)
-    if name in DEEPSPEED_BUILT or (name == "lamb" and on_cuda):
+    if name in DEEPSPEED_BUILT or (name == "lamb" and lamb_implementation(ds_config, on_cuda) == "deepspeed"):
         return None, groups, ds_config
     if name == "lamb":
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}

@@ -7,14 +7,23 @@ from pathlib import Path
 
 from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
-from commodity_bert.optim.build import DEEPSPEED_BUILT, PROJECT_OPTIMIZERS, optimizer_name
+from commodity_bert.optim.build import (
+    DEEPSPEED_BUILT,
+    LAMB_IMPLEMENTATIONS,
+    PROJECT_OPTIMIZERS,
+    lamb_implementation,
+    optimizer_name,
+)
 
 # the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
 PROJECT_SECTIONS = {
     "bucketwise_clipping": {"enabled", "bucket_mb", "max_norm"},
     "diloco": set(diloco.DEFAULTS),
     "hierarchy": set(topology.DEFAULTS),
+    "activation_checkpointing": {"enabled"},
+    "lamb": {"implementation"},
 }
+
 
 
 class LaunchError(Exception):
@@ -119,6 +128,20 @@ def check_project_block(config: dict) -> None:
             if key not in PROJECT_SECTIONS[section]:
                 raise LaunchError(f'unknown key "commodity_bert.{section}.{key}" in the DeepSpeed config; '
                                   f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[section]))}')
+    enabled = block.get("activation_checkpointing", {}).get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
+    implementation = block.get("lamb", {}).get("implementation", LAMB_IMPLEMENTATIONS[0])
+    if implementation not in LAMB_IMPLEMENTATIONS:
+        raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
+                          f'(FusedLamb, CUDA only) or "project" (commodity_bert/optim/lamb.py)')
+
+
+def check_against_device(config: dict, on_cuda: bool) -> None:
+    """What the config asks of the device."""
+    if optimizer_name(config) == "lamb" and lamb_implementation(config, on_cuda) == "deepspeed" and not on_cuda:
+        raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" is FusedLamb, which needs CUDA; '
+                          'use "project" (the default without a GPU)')
 
 
 def check_zero_one_adam(params: dict) -> None:

@@ -1,0 +1,664 @@
+"""Every check a lent GPU owes, in one call, in priority order, each part with its own time cap.
+
+A lent GPU is rare (about one task in five) and short (15 minutes of device time, starts
+included), so the work is prepared here and rehearsed on CPU in CI; the device machine only runs it.
+
+    python benchmarks/gpu/session.py prepare          # here: gpu_carry/ (wheels the device lacks + shards)
+    bash benchmarks/gpu/session.sh                    # there: install from gpu_carry/, then `run`
+    bash benchmarks/gpu/session.sh --rehearse         # here: the same parts, tiny, seconds-long caps
+
+The parts (`run` starts each as a child process of its own, killed at its cap; a child writes its
+JSON after every cell, so a part cut short keeps what it measured, and `run` rewrites
+OUT/session.json and appends to OUT/session.log after every part):
+
+  a. correctness   LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo int4 and bucket-wise clipping, each in fp32,
+                   bf16 and fp16 (fp16 only on CUDA) on `tiny`, the same shards and seed, checked
+                   against fp32 within the tolerances in TOLERANCES; a checkpoint resumed bit for bit;
+                   the export loaded on the CPU. All cells are train.py's `main()` called in one
+                   process, at world size 1: one GPU cannot host two NCCL ranks, and at world size 1
+                   the compressed modes still run their arithmetic (compression, error feedback,
+                   the frozen variance, the outer step) through NCCL's collectives.
+  b. speed         benchmarks/throughput.py's measurement for BERT-base and -large at seq 128 in bf16:
+                   padded against the project's path, tokens/s and MFU against a matmul peak timed in
+                   the same process; the largest micro-batch that fits; activation checkpointing's
+                   memory and time.
+  c. model         `mini` pretrained for a fixed number of minutes on the embedded State of the Union
+                   corpus (the largest the project prepares), its hf_model packed into pieces under
+                   16 MiB that the device tool returns: fine-tune it on CPU afterwards.
+  d. fused_lamb    DeepSpeed's FusedLamb (a JIT build: TORCH_CUDA_ARCH_LIST=9.0) against the project's
+                   LAMB; last, since its build alone may take a minute (--skip-fused-lamb).
+
+Nothing here is a mock: the cells are real DeepSpeed engines on real shards of real text.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CARRY = REPO / "gpu_carry"  # ignored by git; the device tool's `carry` takes it
+LIMIT_MIB = 64  # the working tree plus the carry, as the device tool sends them
+OUT_FILE_MIB = 15  # pieces of the packed model: the tool returns files of at most 16 MiB
+
+# The device image's Python packages (the device tool's KINDS.md, "Python packages already there",
+# read 2026-11-17), as distribution names normalised by `normalise`. The carry holds the rest.
+DEVICE_PACKAGES = set("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt
+jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx
+onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix
+orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
+pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+""".split())
+# What the device lacks and the session imports: deepspeed (built here into a wheel with no
+# compiled ops; it JIT-builds what it needs there) and what it needs. typing-extensions is
+# there, but perhaps older than this pydantic asks (>= 4.16), so it travels too.
+CARRIED = ["deepspeed", "hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+           "typing-extensions"]
+DEVICE_PYTHON = ("3.12", "cp312")
+
+PARTS = ("correctness", "speed", "model", "fused_lamb")
+# seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
+# the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores
+CAPS = {"gpu": {"install": 20, "correctness": 110, "speed": 90, "model": 120, "fused_lamb": 80},
+        "rehearse": {"install": 60, "correctness": 150, "speed": 60, "model": 90, "fused_lamb": 5}}
+PLAN_LIMIT_S = 420
+
+OPTIMIZERS = {  # name -> (shipped CPU config, what this check changes in it)
+    "lamb": ("cpu_tiny_lamb.json", {"commodity_bert": {"lamb": {"implementation": "project"}}}),
+    "onebit_lamb": ("cpu_tiny_onebit_lamb.json", {}),
+    "zero_one_adam": ("cpu_tiny_zero_one_adam.json", {}),
+    "diloco_int4": ("cpu_tiny_diloco_lamb.json", {"commodity_bert": {
+        "lamb": {"implementation": "project"},
+        "diloco": {"inner_steps": 10, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
+                   "compression": "int4", "error_feedback": True}}}),
+    "bucketwise_clip": ("cpu_tiny_lamb_bucketwise_clip.json", {"commodity_bert": {
+        "lamb": {"implementation": "project"},
+        "bucketwise_clipping": {"enabled": True, "bucket_mb": 1, "max_norm": 1.0}}}),
+}
+PRECISIONS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
+              "fp16": {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}}}
+# A 16-bit run against fp32, same weights, data and seed:
+#   step-1 loss: the same forward pass in lower precision;
+#   step-1 gradient norm, as a ratio: a scale left in the gradients (65,536x once) fails it;
+#   the median loss over the last third of the steps: learning kept on course (medians, as
+#   1-bit LAMB spikes for one step after its freeze in fp32 too).
+TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1}
+LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss (GPU sizes only)
+
+SIZES = {  # the rehearsal runs every path of the plan, small
+    "gpu": {"steps": 30, "resume_steps": 10, "speed_models": ["base", "large"], "speed_micro_batch": 64,
+            "speed_steps": 8, "speed_repeats": 3, "max_micro_batch": 4096, "mfu_micro_batch": 256,
+            "pretrain_model": "mini", "pretrain_micro_batch": 256, "pretrain_minutes": 1.25, "probe_steps": 20},
+    "rehearse": {"steps": 3, "resume_steps": 1, "speed_models": ["tiny"], "speed_micro_batch": 8,
+                 "speed_steps": 2, "speed_repeats": 1, "max_micro_batch": 32, "mfu_micro_batch": 16,
+                 "pretrain_model": "tiny", "pretrain_micro_batch": 16, "pretrain_minutes": 0.05, "probe_steps": 3},
+}
+
+
+def normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def say(*lines: str) -> None:
+    for line in lines:
+        print(f"session: {line}", flush=True)
+
+
+# ---------------------------------------------------------------- prepare (here, with the network)
+
+def prepare(carry: Path) -> dict:
+    """gpu_carry/wheels: what DEVICE_PACKAGES lacks, for the device's Python, at the versions this
+    environment runs (so the rehearsal tests the same set); gpu_carry/data: the shards every part
+    uses. Writes to temporary names and renames, so a failed prepare leaves the old carry whole."""
+    carry.mkdir(parents=True, exist_ok=True)
+    wheels_tmp = carry / "wheels.tmp"
+    shutil.rmtree(wheels_tmp, ignore_errors=True)
+    wheels_tmp.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED if name != "deepspeed"]
+    platforms = [x for n in (17, 24, 27, 28, 31, 34) for x in ("--platform", f"manylinux_2_{n}_x86_64")]
+    run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", DEVICE_PYTHON[0],
+         "--implementation", "cp", *platforms, "--platform", "manylinux2014_x86_64", "-d", str(wheels_tmp),
+         *pinned])
+    # DeepSpeed publishes no wheel; built against this torch with no ops compiled (pure Python):
+    # the device JIT-builds the ops it uses, for its own torch and CUDA
+    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels_tmp),
+         f"deepspeed=={importlib.metadata.version('deepspeed')}"])
+    shutil.rmtree(carry / "wheels", ignore_errors=True)
+    wheels_tmp.rename(carry / "wheels")
+
+    data_tmp = carry / "data.tmp"
+    shutil.rmtree(data_tmp, ignore_errors=True)
+    # seq 128, dynamic masking (each pass over the corpus masks anew: part c passes many times),
+    # no NSP, the embedded BERT-base vocabulary (what users pretrain with; MFU counts its head)
+    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
+         "--masking", "dynamic", "--no-nsp", "--num-shards", "4", "--val-fraction", "0.02", "--seed", "1",
+         "--output", str(data_tmp)], cwd=REPO)
+    shutil.rmtree(carry / "data", ignore_errors=True)
+    data_tmp.rename(carry / "data")
+    report = check_carry(carry)
+    say(f"prepared {carry}: {len(report['wheels'])} wheels, carry {report['carry_mib']:.1f} MiB, "
+        f"tree {report['tree_mib']:.1f} MiB (limit {LIMIT_MIB})")
+    return report
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise SystemExit(f"session.py: error: {' '.join(cmd[:6])} ... failed: "
+                         f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def tree_bytes() -> int:
+    """What the device tool sends besides the carry: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
+
+
+def carried_closure_gaps() -> list[str]:
+    """What the carried packages need (their requirements, recursively, extras left out) that is
+    neither on the device nor carried: a gap means an ImportError there."""
+    from packaging.requirements import Requirement
+    gaps, seen, todo = set(), set(), [normalise(n) for n in CARRIED]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in importlib.metadata.requires(name) or []:
+            req = Requirement(line)
+            if req.marker and not req.marker.evaluate({"extra": "", "python_version": DEVICE_PYTHON[0],
+                                                      "sys_platform": "linux", "platform_system": "Linux"}):
+                continue
+            needed = normalise(req.name)
+            if needed in {normalise(n) for n in CARRIED}:
+                todo.append(needed)
+            elif needed not in DEVICE_PACKAGES:
+                gaps.add(f"{needed} (for {name})")
+    return sorted(gaps)
+
+
+def project_needs_absent_on_device() -> list[str]:
+    """The project's own requirements that the device lacks and the carry leaves out (datasets,
+    blingfire): no part may import them."""
+    from packaging.requirements import Requirement
+    needs = [Requirement(r) for r in importlib.metadata.requires("commodity-bert") or [] if "extra ==" not in r]
+    carried = {normalise(n) for n in CARRIED}
+    return sorted({normalise(r.name) for r in needs} - DEVICE_PACKAGES - carried)
+
+
+def check_carry(carry: Path) -> dict:
+    """Is the carry complete (a wheel for every CARRIED name, for the device's Python) and does it
+    fit beside the tree? Raises SystemExit with one line if not."""
+    wheels = sorted(p.name for p in (carry / "wheels").glob("*.whl"))
+    names = {normalise(w.split("-")[0]) for w in wheels}
+    missing = [n for n in CARRIED if normalise(n) not in names]
+    if missing:
+        raise SystemExit(f"session.py: error: {carry}/wheels lacks {', '.join(missing)}; "
+                         f"run: python benchmarks/gpu/session.py prepare")
+    wrong = [w for w in wheels if not (w.endswith("-none-any.whl") or f"-{DEVICE_PYTHON[1]}-" in w)]
+    if wrong:
+        raise SystemExit(f"session.py: error: {', '.join(wrong)} will not install on the device's Python "
+                         f"{DEVICE_PYTHON[0]}; run: python benchmarks/gpu/session.py prepare")
+    gaps = carried_closure_gaps()
+    if gaps:
+        raise SystemExit(f"session.py: error: the carried wheels need {', '.join(gaps)}, which the device lacks; "
+                         f"add them to CARRIED in benchmarks/gpu/session.py")
+    if not (carry / "data" / "manifest.json").is_file():
+        raise SystemExit(f"session.py: error: no shards in {carry}/data; run: python benchmarks/gpu/session.py prepare")
+    carry_bytes = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
+    tree = tree_bytes()
+    if carry_bytes + tree > LIMIT_MIB * 2**20:
+        raise SystemExit(f"session.py: error: the tree ({tree / 2**20:.1f} MiB) and {carry} "
+                         f"({carry_bytes / 2**20:.1f} MiB) exceed the device tool's {LIMIT_MIB} MiB")
+    return {"wheels": wheels, "carry_mib": carry_bytes / 2**20, "tree_mib": tree / 2**20}
+
+
+# ---------------------------------------------------------------- run: the plan, part by part
+
+def run_plan(args) -> int:
+    kind = "rehearse" if args.rehearse else "gpu"
+    caps = CAPS[kind]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    parts = [p for p in PARTS if not (p == "fused_lamb" and args.skip_fused_lamb) and (not args.only or p in args.only)]
+    plan_s = caps["install"] + sum(caps[p] for p in parts)
+    session = {"kind": kind, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+               "python": platform.python_version(), "install_s": args.install_s,
+               "plan": {"caps_s": {"install": caps["install"], **{p: caps[p] for p in parts}}, "total_s": plan_s,
+                        "limit_s": PLAN_LIMIT_S},
+               "carry": check_carry(Path(args.carry)), "parts": {}}
+    say(f"plan ({kind}): install {caps['install']} s, " + ", ".join(f"{p} {caps[p]} s" for p in parts) +
+        f"; {plan_s} s in all (limit {PLAN_LIMIT_S} s)")
+    if plan_s > PLAN_LIMIT_S:
+        raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {PLAN_LIMIT_S} s")
+    log = (out / "session.log").open("a")
+    write_json(out / "session.json", session)
+    for part in parts:
+        started = time.perf_counter()
+        result_file = work / f"{part}.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "part", part, "--data", str(Path(args.carry) / "data"),
+               "--work", str(work / part), "--json", str(result_file), "--out", str(out)]
+        if args.rehearse:
+            cmd.append("--rehearse")
+        log.write(f"\n===== {part} (cap {caps[part]} s): {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            status = proc.wait(timeout=caps[part])
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = "cap"
+        result = json.loads(result_file.read_text()) if result_file.exists() else {}
+        result.update({"status": "ok" if status == 0 else "cut at its cap" if status == "cap" else f"exit {status}",
+                       "seconds": round(time.perf_counter() - started, 1), "cap_s": caps[part]})
+        session["parts"][part] = result
+        write_json(out / "session.json", session)
+        say(f"{part}: {result['status']} in {result['seconds']} s; " + summary_line(part, result))
+    log.close()
+    absent = set(project_needs_absent_on_device())
+    imported = sorted(absent & {d for r in session["parts"].values() for d in r.get("distributions", [])})
+    session["imports_absent_on_device"] = {"absent_on_device": sorted(absent), "imported": imported}
+    write_json(out / "session.json", session)
+    if imported:
+        say(f"the parts imported {', '.join(imported)}, which the device lacks and the carry leaves out")
+    failed = [p for p, r in session["parts"].items() if r["status"] != "ok" or r.get("passed") is False]
+    failed += ["imports"] if imported else []
+    say("all parts ok" if not failed else f"not ok: {', '.join(failed)} (see session.json, session.log)")
+    return 1 if failed else 0
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def summary_line(part: str, result: dict) -> str:
+    if part in ("correctness", "fused_lamb"):
+        checks = result.get("checks", [])
+        bad = [c["name"] for c in checks if not c["passed"]]
+        return f"{len(checks) - len(bad)}/{len(checks)} checks passed" + (f"; failed: {', '.join(bad)}" if bad else "")
+    if part == "speed":
+        return "; ".join(f"{r['model']} {r['path']} mb {r['micro_batch']}: {r['tokens_per_s']:,.0f} tok/s, "
+                         f"MFU {r['mfu']:.1%}" for r in result.get("rows", []))
+    if part == "model":
+        return f"{result.get('steps', '?')} steps, val MLM {result.get('val_mlm_acc', '?')}, pieces {result.get('pieces', [])}"
+    return ""
+
+
+# ---------------------------------------------------------------- the parts (each in its own process)
+
+class Recorder:
+    """The part's JSON, rewritten after every cell: a part killed at its cap keeps what it measured."""
+
+    def __init__(self, path: Path, **fields):
+        self.path, self.data = path, {**fields, "cells": [], "checks": []}
+
+    def save(self) -> None:
+        write_json(self.path, self.data)
+
+    def check(self, name: str, value, limit, passed: bool) -> None:
+        self.data["checks"].append({"name": name, "value": value, "limit": limit, "passed": bool(passed)})
+        self.data["passed"] = all(c["passed"] for c in self.data["checks"])
+        self.save()
+
+
+def single_rank_environment() -> None:
+    """torch.distributed at world size 1, as DeepSpeed's launcher would set it (without these,
+    DeepSpeed looks for an MPI launch)."""
+    from bench_common import free_port
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+
+
+def train_once(config: dict, work: Path, name: str, data: Path, model: str, steps: int, *extra: str) -> list[dict]:
+    """train.py's main() in this process; its metrics.jsonl rows."""
+    import train
+    from commodity_bert.comm import bytes_counter
+    config_path = work / f"{name}.json"
+    config_path.write_text(json.dumps(config))
+    run_dir = work / name
+    argv = ["--deepspeed_config", str(config_path), "--data", str(data), "--model", model, "--output-dir",
+            str(run_dir), "--max-steps", str(steps), "--log-every", "1", "--num-workers", "0",
+            "--save-every-minutes", "0", "--plateau-check-samples", "0", "--seed", "1", *extra]
+    try:
+        train.main(argv)
+    finally:
+        while (counter := bytes_counter.installed()) is not None:  # main() installs one per run
+            counter.uninstall()
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def with_changes(base: dict, changes: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = with_changes(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def trained_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if "loss" in r]
+
+
+def late_median(rows: list[dict]) -> float:
+    trained = trained_rows(rows)
+    return statistics.median(r["loss"] for r in trained[len(trained) * 2 // 3:])
+
+
+def part_correctness(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
+    work, data, steps = Path(args.work), Path(args.data), sizes["steps"]
+    precisions = [p for p in PRECISIONS if on_cuda or p != "fp16"]  # DeepSpeed's CPU accelerator refuses fp16
+    recorder.data.update({"steps": steps, "model": "tiny", "precisions": precisions, "tolerances": TOLERANCES})
+    for optimizer, (shipped, changes) in OPTIMIZERS.items():
+        base = with_changes(json.loads((REPO / "ds_configs" / shipped).read_text()), changes)
+        runs = {}
+        for precision in precisions:
+            name = f"{optimizer}_{precision}"
+            started = time.perf_counter()
+            try:
+                rows = train_once(with_changes(base, PRECISIONS[precision]), work, name, data, "tiny", steps)
+            except BaseException as exc:  # noqa: BLE001 - a cell that fails is a finding, the next cell runs
+                recorder.data["cells"].append({"name": name, "error": error_line(exc)})
+                recorder.check(f"{name} runs", error_line(exc), None, False)
+                continue
+            trained = trained_rows(rows)
+            runs[precision] = trained
+            recorder.data["cells"].append({
+                "name": name, "seconds": round(time.perf_counter() - started, 2),
+                "loss": [r["loss"] for r in trained], "grad_norm": [r.get("grad_norm") for r in trained],
+                "loss_scale": [r.get("loss_scale") for r in trained][-1:],
+                "val_mlm_acc": next((r["val_mlm_acc"] for r in reversed(rows) if "val_mlm_acc" in r), None)})
+            recorder.save()
+        reference = runs.get("fp32")
+        if reference is None:
+            continue
+        if sizes is SIZES["gpu"]:
+            drop = reference[0]["loss"] - late_median(reference)
+            recorder.check(f"{optimizer}_fp32 learns", round(drop, 4), LEARNED, drop >= LEARNED)
+        for precision, trained in runs.items():
+            if precision == "fp32":
+                continue
+            name = f"{optimizer}_{precision}"
+            diff = abs(trained[0]["loss"] - reference[0]["loss"])
+            recorder.check(f"{name} step-1 loss", round(diff, 5), TOLERANCES["step1_loss"], diff <= TOLERANCES["step1_loss"])
+            ours, theirs = trained[0].get("grad_norm"), reference[0].get("grad_norm")
+            if ours is not None and theirs:
+                ratio = ours / theirs
+                recorder.check(f"{name} step-1 grad norm ratio", round(ratio, 5), TOLERANCES["step1_grad_norm_ratio"],
+                               abs(ratio - 1) <= TOLERANCES["step1_grad_norm_ratio"])
+            late = abs(late_median(trained) - late_median(reference))
+            recorder.check(f"{name} late loss", round(late, 5), TOLERANCES["late_loss"], late <= TOLERANCES["late_loss"])
+    resume_bit_for_bit(work, data, sizes["resume_steps"], recorder, on_cuda)
+
+
+def resume_bit_for_bit(work: Path, data: Path, half: int, recorder: Recorder, on_cuda: bool) -> None:
+    """LAMB in bf16 (the path users run): 2N steps straight, twice (does the device repeat itself?),
+    and N steps then a relaunch onto the checkpoint for N more; losses compared as exact floats.
+    Deterministic kernels are asked for (CUDA's atomics in scatter-add backward would differ run to
+    run otherwise); warn_only: an op with no deterministic kernel runs anyway, and the control run
+    shows whether that mattered. Then the export is loaded on the CPU, as a user fine-tuning does."""
+    import torch
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    config = with_changes(json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text()),
+                          {**OPTIMIZERS["lamb"][1], **PRECISIONS["bf16"]})
+    straight = [r["loss"] for r in trained_rows(train_once(config, work, "straight", data, "tiny", 2 * half))]
+    again = [r["loss"] for r in trained_rows(train_once(config, work, "straight_again", data, "tiny", 2 * half))]
+    train_once(config, work, "resumed", data, "tiny", half)
+    # the relaunch appends to the run's metrics.jsonl: its rows are those after step N
+    relaunched = {r["step"]: r["loss"] for r in trained_rows(train_once(config, work, "resumed", data, "tiny", 2 * half))
+                  if r["step"] > half}
+    resumed = [relaunched[step] for step in sorted(relaunched)]
+    torch.use_deterministic_algorithms(False)
+    recorder.data["cells"].append({"name": "resume", "straight": straight, "straight_again": again,
+                                   "resumed_second_half": resumed})
+    recorder.check("two straight runs identical", straight == again, "exact", straight == again)
+    recorder.check("resumed run identical to straight", resumed == straight[half:], "exact", resumed == straight[half:])
+
+    from transformers import AutoTokenizer, BertForMaskedLM
+    exported = work / "resumed" / "hf_model"
+    model = BertForMaskedLM.from_pretrained(str(exported))  # on the CPU, as bert-finetune loads it
+    tokenizer = AutoTokenizer.from_pretrained(str(exported))
+    batch = tokenizer(["the state of the union is [MASK]."], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits
+    dtype = str(next(model.parameters()).dtype)
+    fine = dtype == "torch.float32" and bool(torch.isfinite(logits).all()) and not next(model.parameters()).is_cuda
+    recorder.data["cells"].append({"name": "export_on_cpu", "dtype": dtype, "vocab": tokenizer.vocab_size,
+                                   "logits_finite": bool(torch.isfinite(logits).all())})
+    recorder.check("export loads on the CPU in float32", dtype, "torch.float32", fine)
+
+
+def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
+    import torch
+    from throughput import matmul_peak_tflops, measure
+    device = torch.device("cuda" if on_cuda else "cpu")
+    precision = "bf16"
+    data = Path(args.data)
+    peak = matmul_peak_tflops(device, torch.bfloat16, 8192 if on_cuda else 1024)
+    recorder.data.update({"peak_tflops": peak, "rows": [], "precision": precision})
+    rows = recorder.data["rows"]
+
+    def add(new_rows: list[dict], **labels) -> None:
+        for row in new_rows:
+            rows.append({**row, **labels})
+        recorder.save()
+
+    for model in sizes["speed_models"]:  # padded against the project, then checkpointing's cost
+        paths = ["padded_baseline", "project"] + (["project_checkpointed"] if model == sizes["speed_models"][-1] else [])
+        add(measure(device, model, data, precision, sizes["speed_micro_batch"], sizes["speed_steps"],
+                    sizes["speed_repeats"], paths, peak))
+    largest = sizes["speed_models"][-1]
+    add(measure(device, largest, data, precision, sizes["mfu_micro_batch"], sizes["speed_steps"],
+                sizes["speed_repeats"], ["project"], peak), note="larger micro-batch")
+    # the largest micro-batch that fits, by doubling until the device runs out of memory
+    fits, micro_batch = None, sizes["mfu_micro_batch"] * 2
+    while micro_batch <= sizes["max_micro_batch"]:
+        try:
+            row = measure(device, largest, data, precision, micro_batch, 2, 1, ["project"], peak)[0]
+        except torch.cuda.OutOfMemoryError:
+            break
+        fits = micro_batch
+        add([row], note="largest micro-batch search")
+        micro_batch *= 2
+    if on_cuda:
+        torch.cuda.empty_cache()
+    recorder.data["largest_micro_batch"] = {"model": largest, "fits": fits, "tried_up_to": micro_batch,
+                                            "limit_of_search": sizes["max_micro_batch"]}
+    recorder.save()
+
+
+def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
+    """`mini` (AdamW 1e-3, beta2 0.98, as cpu_mini_adamw_bf16.json, at 256 sequences a step) for
+    a fixed number of minutes: a short probe measures the step, the schedule then spans the
+    minutes (warm-up 6%, linear decay to 0), --time-budget guards the end."""
+    work, data = Path(args.work), Path(args.data)
+    batch, model = sizes["pretrain_micro_batch"], sizes["pretrain_model"]
+    # torch_adam: torch's AdamW, not DeepSpeed's FusedAdam, whose JIT build would take the minutes
+    base = with_changes(json.loads((REPO / "ds_configs" / "cpu_mini_adamw_bf16.json").read_text()),
+                        {"train_micro_batch_size_per_gpu": batch, "optimizer": {"params": {"torch_adam": True}}})
+    probe = train_once(base, work, "probe", data, model, sizes["probe_steps"])
+    speeds = [r["seq_per_s"] for r in trained_rows(probe)[1:] if r.get("seq_per_s")]
+    seq_per_s = statistics.median(speeds) if speeds else batch
+    seconds = sizes["pretrain_minutes"] * 60
+    steps = max(10, int(seconds * seq_per_s / batch))
+    warmup = max(1, steps * 6 // 100)
+    config = with_changes(base, {"scheduler": {"params": {"warmup_num_steps": warmup, "total_num_steps": steps}}})
+    recorder.data.update({"model": model, "micro_batch": batch, "probe_seq_per_s": seq_per_s, "planned_steps": steps,
+                          "minutes": sizes["pretrain_minutes"], "config": config})
+    recorder.save()
+    started = time.perf_counter()
+    rows = train_once(config, work, "pretrained", data, model, steps, "--eval-every", str(max(1, steps // 5)),
+                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(seconds * 1.2 + 30))  # the budget counts the start too
+    run_dir = work / "pretrained"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    recorder.data.update({"seconds": round(time.perf_counter() - started, 1), "steps": summary["step"],
+                          "samples": summary["samples"], "stopped_by": summary["stopped_by"],
+                          "val_mlm_acc": summary.get("val_mlm_acc"), "devices": summary.get("devices"),
+                          "curve": [{k: r.get(k) for k in ("step", "loss", "val_mlm_acc", "seq_per_s")}
+                                    for r in rows]})
+    recorder.save()
+    # hf_model and the run's records, packed and cut into pieces the device tool returns
+    packed = io.BytesIO()
+    # level 1: the exported fp32 weights are bf16 values (DeepSpeed's bf16 module), whose zero low
+    # halves gzip takes off fast; mini's 76 MB would not fit the tool's 64 MiB uncompressed
+    with tarfile.open(fileobj=packed, mode="w:gz", compresslevel=1) as tar:
+        for name in ("hf_model", "summary.json", "run_config.json", "metrics.jsonl"):
+            tar.add(run_dir / name, arcname=f"pretrained_{model}/{name}")
+    blob, piece = packed.getvalue(), OUT_FILE_MIB * 2**20
+    pieces = []
+    for i in range(0, len(blob), piece):
+        path = Path(args.out) / f"pretrained_{model}.tar.gz.part{i // piece:02d}"
+        path.write_bytes(blob[i:i + piece])
+        pieces.append(path.name)
+    recorder.data.update({"pieces": pieces, "packed_mib": round(len(blob) / 2**20, 2),
+                          "unpack": f"cat pretrained_{model}.tar.gz.part* | tar xz"})
+    recorder.save()
+
+
+def part_fused_lamb(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
+    """DeepSpeed's FusedLamb against the project's LAMB, fp32, the same run otherwise."""
+    if not on_cuda:
+        recorder.data["skipped"] = "FusedLamb is CUDA-only"
+        recorder.save()
+        return
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0"  # DeepSpeed 0.19.8 cannot parse 9.0a (docs/install.md)
+    work, data = Path(args.work), Path(args.data)
+    base = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())
+    runs = {}
+    for implementation in ("project", "deepspeed"):
+        started = time.perf_counter()
+        config = with_changes(base, {"commodity_bert": {"lamb": {"implementation": implementation}}})
+        runs[implementation] = trained_rows(train_once(config, work, implementation, data, "tiny", sizes["steps"]))
+        recorder.data["cells"].append({"name": implementation, "seconds": round(time.perf_counter() - started, 1),
+                                       "loss": [r["loss"] for r in runs[implementation]],
+                                       "grad_norm": [r.get("grad_norm") for r in runs[implementation]]})
+        recorder.save()
+    step1 = abs(runs["deepspeed"][0]["loss"] - runs["project"][0]["loss"])
+    recorder.check("FusedLamb step-1 loss", round(step1, 6), 1e-4, step1 <= 1e-4)
+    late = abs(late_median(runs["deepspeed"]) - late_median(runs["project"]))
+    recorder.check("FusedLamb late loss", round(late, 5), TOLERANCES["late_loss"], late <= TOLERANCES["late_loss"])
+
+
+def error_line(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"exit {exc.code}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def run_part(args) -> None:
+    sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+    if args.part == "correctness":  # cuBLAS repeats itself only with this set before it starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    on_cuda = torch.cuda.is_available()
+    if args.rehearse and on_cuda:
+        on_cuda = False  # the rehearsal is the CPU's path wherever it runs
+    sizes = SIZES["rehearse" if args.rehearse else "gpu"]
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if on_cuda else f"CPU: {cpu_model()}"
+    recorder = Recorder(Path(args.json), device=device, torch=torch.__version__)
+    recorder.save()
+    single_rank_environment()
+    part = {"correctness": part_correctness, "speed": part_speed, "model": part_model,
+            "fused_lamb": part_fused_lamb}[args.part]
+    try:
+        part(args, recorder, sizes, on_cuda)
+    except BaseException as exc:  # noqa: BLE001 - recorded; the plan goes on with the next part
+        traceback.print_exc()
+        recorder.data["error"] = error_line(exc)
+        recorder.data["passed"] = False
+        raise
+    finally:
+        recorder.data["distributions"] = loaded_distributions()
+        recorder.save()
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def loaded_distributions() -> list[str]:
+    """The installed distributions whose modules this process imported: the rehearsal checks
+    each is on the device or in the carry (standard library and the project's own excluded)."""
+    owners = importlib.metadata.packages_distributions()
+    names = {top for name in list(sys.modules) if (top := name.split(".")[0]) in owners}
+    return sorted({normalise(d) for top in names for d in owners[top]} - {"commodity-bert"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="build gpu_carry/ here: the device's missing wheels and the shards")
+    prep.add_argument("--carry", default=str(CARRY))
+    check = sub.add_parser("check", help="is gpu_carry/ complete, and does it fit beside the tree?")
+    check.add_argument("--carry", default=str(CARRY))
+    plan = sub.add_parser("run", help="run the parts in order, each capped (session.sh calls this)")
+    plan.add_argument("--out", default=os.environ.get("OUT", str(REPO / "runs" / "gpu_session")))
+    plan.add_argument("--carry", default=str(CARRY))
+    plan.add_argument("--work", default="/tmp/gpu_session_work")
+    plan.add_argument("--rehearse", action="store_true", help="the CPU's rehearsal: tiny sizes, no fp16")
+    plan.add_argument("--skip-fused-lamb", action="store_true", help="leave out part d (FusedLamb's JIT build)")
+    plan.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts")
+    plan.add_argument("--install-s", type=float, help="seconds the install took (session.sh)")
+    part = sub.add_parser("part", help="one part, in this process (run starts these)")
+    part.add_argument("part", choices=PARTS)
+    for flag in ("--data", "--work", "--json", "--out"):
+        part.add_argument(flag, required=True)
+    part.add_argument("--rehearse", action="store_true")
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(Path(args.carry))
+    elif args.command == "check":
+        print(json.dumps(check_carry(Path(args.carry)), indent=1))
+    elif args.command == "run":
+        sys.exit(run_plan(args))
+    else:
+        run_part(args)
+
+
+if __name__ == "__main__":
+    main()
