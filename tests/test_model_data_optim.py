@@ -69,6 +69,40 @@ def test_unpadded_sparse_mlm_loss_equals_hf_padded_dense_loss(datasets, kind):
     assert stats["mlm_count"] == (labels != -100).sum()
 
 
+def test_activation_checkpointing_gives_the_same_loss_and_gradients_and_keeps_less(datasets):
+    """Dropout on (training mode): recomputing a layer must replay its masks. What autograd keeps
+    for backward, counted through saved-tensor hooks, is the memory the switch exists to save."""
+    from commodity_bert.model.bert import use_activation_checkpointing
+    manifest, batch = _batch(datasets / "dynamic", list(range(16)))
+    torch.manual_seed(0)
+    plain = build_model(build_config("mini", manifest["vocab"]["size"]), nsp=manifest["nsp"])
+    checkpointed = copy.deepcopy(plain)
+    use_activation_checkpointing(checkpointed)
+    results = []
+    for hf in (plain, checkpointed):
+        model = PretrainingModel(hf).train()
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept = {}  # storage -> bytes: each activation once, the weights (saved too, but held anyway) left out
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                kept[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        torch.manual_seed(5)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss, _ = model(batch)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((loss.detach(), grads, sum(kept.values())))
+    (loss, grads, kept), (loss_ckpt, grads_ckpt, kept_ckpt) = results
+    assert torch.equal(loss, loss_ckpt)
+    assert torch.allclose(grads, grads_ckpt, rtol=1e-5, atol=1e-7)
+    print(f"activation memory kept for backward: {kept / 2**20:.1f} MiB, checkpointed {kept_ckpt / 2**20:.1f} MiB")
+    assert kept_ckpt < kept / 3  # each layer keeps only its input, not its activations
+
+
 def test_batches_are_trimmed_and_masked_like_the_shards(datasets):
     _, batch = _batch(datasets / "static", range(10))
     width = batch["input_ids"].shape[1]

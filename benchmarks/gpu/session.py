@@ -21,7 +21,8 @@ OUT/session.json and appends to OUT/session.log after every part):
   b. speed         benchmarks/throughput.py's measurement for BERT-base and -large at seq 128 in bf16:
                    padded against the project's path, tokens/s and MFU against a matmul peak timed in
                    the same process; the largest micro-batch that fits; activation checkpointing's
-                   memory and time.
+                   memory and time; a profile of each path's step (the device's time by kind of
+                   kernel, the costliest kernels), so a missed MFU goal says where the time goes.
   c. model         `mini` pretrained for a fixed number of minutes on the embedded State of the Union
                    corpus (the largest the project prepares), its hf_model packed into pieces under
                    16 MiB that the device tool returns: fine-tune it on CPU afterwards.
@@ -90,7 +91,7 @@ DEVICE_PYTHON = ("3.12", "cp312")
 PARTS = ("correctness", "speed", "model", "fused_lamb")
 # seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
 # the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores
-CAPS = {"gpu": {"install": 20, "correctness": 110, "speed": 90, "model": 120, "fused_lamb": 80},
+CAPS = {"gpu": {"install": 20, "correctness": 110, "speed": 100, "model": 120, "fused_lamb": 70},
         "rehearse": {"install": 60, "correctness": 150, "speed": 60, "model": 90, "fused_lamb": 5}}
 PLAN_LIMIT_S = 420
 
@@ -113,7 +114,8 @@ PRECISIONS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
 #   step-1 gradient norm, as a ratio: a scale left in the gradients (65,536x once) fails it;
 #   the median loss over the last third of the steps: learning kept on course;
 #   1-bit LAMB instead: each of the 3 steps after its freeze (it spikes later, in fp32 too).
-TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1, "after_freeze": 0.02}
+TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1, "after_freeze": 0.02,
+              "checkpointing": 1e-3}
 LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss (GPU sizes only)
 
 SIZES = {  # the rehearsal runs every path of the plan, small
@@ -167,6 +169,18 @@ def prepare(carry: Path) -> dict:
          "--output", str(data_tmp)], cwd=REPO)
     shutil.rmtree(carry / "data", ignore_errors=True)
     data_tmp.rename(carry / "data")
+    # the rehearsal's: the same text with a 2,048-token vocabulary, so that `tiny`'s checkpoints
+    # and exports (most of them its embedding table) cost the CPU seconds, not minutes
+    rehearsal_tmp = carry / "rehearsal_data.tmp"
+    shutil.rmtree(rehearsal_tmp, ignore_errors=True)
+    rehearsal_tmp.mkdir()
+    run([sys.executable, "-m", "data_prep", "vocab", "--input", "embedded:sotu", "--vocab-size", "2048",
+         "--output", str(rehearsal_tmp / "vocab.txt")], cwd=REPO)
+    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--vocab", str(rehearsal_tmp / "vocab.txt"),
+         "--seq-len", "128", "--masking", "dynamic", "--no-nsp", "--num-shards", "2", "--val-fraction", "0.02",
+         "--seed", "1", "--output", str(rehearsal_tmp / "shards")], cwd=REPO)
+    shutil.rmtree(carry / "rehearsal_data", ignore_errors=True)
+    rehearsal_tmp.rename(carry / "rehearsal_data")
     report = check_carry(carry)
     say(f"prepared {carry}: {len(report['wheels'])} wheels, carry {report['carry_mib']:.1f} MiB, "
         f"tree {report['tree_mib']:.1f} MiB (limit {LIMIT_MIB})")
@@ -239,7 +253,7 @@ def check_carry(carry: Path) -> dict:
     if gaps:
         raise SystemExit(f"session.py: error: the carried wheels need {', '.join(gaps)}, which the device lacks; "
                          f"add them to CARRIED in benchmarks/gpu/session.py")
-    if not (carry / "data" / "manifest.json").is_file():
+    if not all((carry / d / "manifest.json").is_file() for d in ("data", "rehearsal_data/shards")):
         raise SystemExit(f"session.py: error: no shards in {carry}/data; run: python benchmarks/gpu/session.py prepare")
     carry_bytes = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
     tree = tree_bytes()
@@ -264,7 +278,7 @@ def run_plan(args) -> int:
     session = {"kind": kind, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
                "python": platform.python_version(), "install_s": args.install_s,
                "plan": {"caps_s": {"install": caps["install"], **{p: caps[p] for p in parts}}, "total_s": plan_s,
-                        "limit_s": PLAN_LIMIT_S},
+                        "limit_s": PLAN_LIMIT_S, "gpu_total_s": sum(CAPS["gpu"].values())},
                "carry": check_carry(Path(args.carry)), "parts": {}}
     say(f"plan ({kind}): install {caps['install']} s, " + ", ".join(f"{p} {caps[p]} s" for p in parts) +
         f"; {plan_s} s in all (limit {PLAN_LIMIT_S} s)")
@@ -275,7 +289,8 @@ def run_plan(args) -> int:
     for part in parts:
         started = time.perf_counter()
         result_file = work / f"{part}.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "part", part, "--data", str(Path(args.carry) / "data"),
+        data = Path(args.carry) / ("rehearsal_data/shards" if args.rehearse else "data")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "part", part, "--data", str(data),
                "--work", str(work / part), "--json", str(result_file), "--out", str(out)]
         if args.rehearse:
             cmd.append("--rehearse")
@@ -446,7 +461,25 @@ def part_correctness(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> No
             gap = max((abs(a - b) for a, b in window), default=float("nan"))
             recorder.check(f"{name} steps after the freeze", round(gap, 5), TOLERANCES["after_freeze"],
                            bool(window) and gap <= TOLERANCES["after_freeze"])
+    activation_checkpointing(work, data, steps, recorder)
     resume_bit_for_bit(work, data, sizes["resume_steps"], recorder, on_cuda)
+
+
+def activation_checkpointing(work: Path, data: Path, steps: int, recorder: Recorder) -> None:
+    """The config switch through train.py: LAMB in bf16 with and without it, losses compared.
+    Recomputing a layer replays its dropout (torch restores the RNG state), so the losses are the
+    same up to the order of floating-point sums in backward (exactly the same on the CPU)."""
+    config = with_changes(json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text()),
+                          {**OPTIMIZERS["lamb"][1], **PRECISIONS["bf16"]})
+    losses = {}
+    for enabled in (False, True):
+        switched = with_changes(config, {"commodity_bert": {"activation_checkpointing": {"enabled": enabled}}})
+        name = "checkpointed" if enabled else "not_checkpointed"
+        losses[name] = [r["loss"] for r in trained_rows(train_once(switched, work, name, data, "tiny", steps))]
+    gap = max(abs(a - b) for a, b in zip(losses["checkpointed"], losses["not_checkpointed"]))
+    recorder.data["cells"].append({"name": "activation_checkpointing", **losses})
+    recorder.check("activation checkpointing: the same losses", gap, TOLERANCES["checkpointing"],
+                   gap <= TOLERANCES["checkpointing"])
 
 
 def resume_bit_for_bit(work: Path, data: Path, half: int, recorder: Recorder, on_cuda: bool) -> None:
@@ -523,6 +556,69 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     recorder.data["largest_micro_batch"] = {"model": largest, "fits": fits, "tried_up_to": micro_batch,
                                             "limit_of_search": sizes["max_micro_batch"]}
     recorder.save()
+    for path in ("padded_baseline", "project"):  # where a step's time goes, for the MFU goal
+        try:
+            profile = profile_steps(device, largest, data, precision, sizes["mfu_micro_batch"], path)
+        except Exception as exc:  # noqa: BLE001 - a profiler that fails costs its figures, not the part's
+            profile = {"path": path, "error": error_line(exc)}
+        recorder.data.setdefault("profiles", []).append(profile)
+        recorder.save()
+
+
+# what a kernel's or operator's name says it does (the first pattern that matches wins)
+OP_KINDS = [("matmul", ("gemm", "matmul", "addmm", "aten::mm", "aten::bmm", "cutlass", "nvjet", "sm90_xmma")),
+            ("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
+            ("indexing", ("index", "scatter", "gather", "nonzero", "cumsum", "masked")),
+            ("optimizer", ("adam", "foreach", "multi_tensor")),
+            ("normalisation", ("layer_norm", "layernorm")),
+            ("copies", ("copy", "cat", "fill", "zero", "memset", "memcpy"))]
+
+
+def op_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in OP_KINDS if any(m in lowered for m in marks)), "elementwise and other")
+
+
+def profile_steps(device, model_name: str, data: Path, precision: str, micro_batch: int, path_name: str,
+                  steps: int = 3) -> dict:
+    """torch.profiler over `steps` training steps of one path (after a warm-up): the device's time
+    by kind of work and the 12 costliest kernels, so a missed MFU goal says what to fix."""
+    import torch
+    from throughput import TrainingPath, padded_batch, project_batches
+    from commodity_bert.data import shard_format as fmt
+    from commodity_bert.model.bert import PretrainingModel, build_config, build_model
+    manifest = fmt.load_manifest(data)
+    batches = project_batches(data, micro_batch, steps)
+    torch.manual_seed(0)
+    hf = build_model(build_config(model_name, manifest["vocab"]["size"]), nsp=manifest["nsp"])
+    if path_name == "padded_baseline":
+        hf.set_attn_implementation("sdpa")
+        model, inputs = hf, [padded_batch(b, manifest["seq_len"], manifest["nsp"]) for b in batches]
+    else:
+        model, inputs = PretrainingModel(hf), batches
+    path = TrainingPath(path_name, model, inputs, device, precision, 0.0)
+    path.run()  # warm-up
+    activities = [torch.profiler.ProfilerActivity.CPU] + \
+        ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        wall = path.run()
+    path.release()
+    on_device = device.type == "cuda"
+    if on_device:  # the kernels' own entries (operators' would count the same time again)
+        ranked = [(e.key, e.self_device_time_total) for e in prof.key_averages()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    else:  # operators' own time, the CPU's kernels being inside them
+        ranked = [(e.key, e.self_cpu_time_total) for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    ranked.sort(key=lambda kv: -kv[1])
+    busy = sum(us for _, us in ranked)
+    kinds: dict[str, float] = {}
+    for name, us in ranked:
+        kinds[op_kind(name)] = kinds.get(op_kind(name), 0.0) + us
+    return {"model": model_name, "path": path_name, "micro_batch": micro_batch, "steps": steps,
+            "wall_s": wall, "busy_s": busy / 1e6, "busy_share_of_wall": busy / 1e6 / wall if wall else None,
+            "by_kind_s": {k: round(v / 1e6, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top": [{"name": n[:120], "s": round(us / 1e6, 4), "kind": op_kind(n)} for n, us in ranked[:12]],
+            "measures": "CUDA kernels' time" if on_device else "CPU operators' own time"}
 
 
 def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:

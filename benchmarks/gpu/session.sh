@@ -36,6 +36,9 @@ ms=$(( ($(date +%s%N) - started) / 1000000 )); install_s=$((ms / 1000)).$(printf
 if [ $rehearse = 1 ]; then rm -rf "$SITE"; else export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"; fi
 echo "session: installed $(ls "$CARRY"/wheels/*.whl | wc -l) wheels in ${install_s} s"
 export PYTHONUNBUFFERED=1
-# DeepSpeed 0.19.8's op builder cannot read an architecture with a letter (9.0a): docs/install.md
-TORCH_CUDA_ARCH_LIST=$(echo "${TORCH_CUDA_ARCH_LIST:-9.0}" | sed 's/\([0-9]\)[a-z]/\1/g'); export TORCH_CUDA_ARCH_LIST
+# DeepSpeed 0.19.8's op builder cannot read an architecture with a letter (9.0a): docs/install.md.
+# The device's only: the CPU's ops have no CUDA architecture.
+if [ $rehearse = 0 ]; then
+    TORCH_CUDA_ARCH_LIST=$(echo "${TORCH_CUDA_ARCH_LIST:-9.0}" | sed 's/\([0-9]\)[a-z]/\1/g'); export TORCH_CUDA_ARCH_LIST
+fi
 exec "$PY" benchmarks/gpu/session.py run --out "$OUT" --carry "$CARRY" --install-s "$install_s" "$@"

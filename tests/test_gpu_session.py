@@ -1,0 +1,86 @@
+"""The GPU session script (benchmarks/gpu/session.sh), rehearsed on the CPU end to end, so that a
+lent GPU's minutes never meet a broken script: the carry is built as the device needs it, every
+part runs in its own capped process, the JSON holds what each part measured, and the packed model
+comes back whole."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SESSION = REPO / "benchmarks" / "gpu" / "session.py"
+
+
+@pytest.fixture(scope="module")
+def carry(tmp_path_factory) -> Path:
+    """`session.py prepare`, as a developer runs it before a GPU is lent (it downloads wheels)."""
+    carry = tmp_path_factory.mktemp("gpu") / "carry"
+    proc = subprocess.run([sys.executable, str(SESSION), "prepare", "--carry", str(carry)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return carry
+
+
+@pytest.mark.slow
+def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "PY": sys.executable}
+    proc = subprocess.run(["bash", "benchmarks/gpu/session.sh", "--rehearse", "--work", str(tmp_path / "work")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=420, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    session = json.loads((out / "session.json").read_text())
+
+    # the GPU's own plan, install included, fits in 7 minutes; the carry is complete and fits
+    assert session["plan"]["gpu_total_s"] <= 420
+    assert {w.split("-")[0] for w in session["carry"]["wheels"]} >= {"deepspeed", "pydantic", "pydantic_core", "hjson"}
+    assert session["carry"]["carry_mib"] + session["carry"]["tree_mib"] < 64
+    assert session["imports_absent_on_device"]["imported"] == []  # datasets, blingfire: not on the device
+    parts = session["parts"]
+    assert {p: parts[p]["status"] for p in parts} == {p: "ok" for p in ("correctness", "speed", "model", "fused_lamb")}
+
+    correctness = parts["correctness"]
+    names = {cell["name"] for cell in correctness["cells"]}
+    for optimizer in ("lamb", "onebit_lamb", "zero_one_adam", "diloco_int4", "bucketwise_clip"):
+        assert {f"{optimizer}_fp32", f"{optimizer}_bf16"} <= names  # fp16: CUDA only
+    assert {"resume", "export_on_cpu", "activation_checkpointing"} <= names
+    checks = {c["name"]: c for c in correctness["checks"]}
+    assert all(c["passed"] for c in checks.values()), [c for c in checks.values() if not c["passed"]]
+    assert checks["resumed run identical to straight"]["value"] is True
+    assert "lamb_bf16 step-1 grad norm ratio" in checks and "onebit_lamb_bf16 steps after the freeze" in checks
+
+    speed = {(r["model"], r["path"], r["micro_batch"]) for r in parts["speed"]["rows"]}
+    assert {("tiny", "padded_baseline", 8), ("tiny", "project", 8), ("tiny", "project_checkpointed", 8)} <= speed
+    assert parts["speed"]["largest_micro_batch"]["fits"] == 32  # the rehearsal's search stops there
+    assert parts["fused_lamb"]["skipped"] == "FusedLamb is CUDA-only"
+
+    # the model's pieces, as the device tool returns them, make a model bert-finetune loads
+    model = parts["model"]
+    assert model["steps"] >= 10 and model["val_mlm_acc"] is not None
+    pieces = sorted(out.glob("pretrained_tiny.tar.gz.part*"))
+    assert [p.name for p in pieces] == model["pieces"] and all(p.stat().st_size <= 16 * 2**20 for p in pieces)
+    packed = tmp_path / "model.tar.gz"
+    packed.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(packed) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    from transformers import BertForMaskedLM
+    loaded = BertForMaskedLM.from_pretrained(str(tmp_path / "unpacked" / "pretrained_tiny" / "hf_model"))
+    assert next(loaded.parameters()).dtype.is_floating_point and loaded.config.num_hidden_layers == 2
+    assert (out / "session.log").stat().st_size > 0
+
+
+def test_an_incomplete_carry_is_refused_in_one_line(carry, tmp_path):
+    broken = tmp_path / "carry"
+    (broken / "wheels").mkdir(parents=True)
+    for wheel in (carry / "wheels").glob("*.whl"):
+        if not wheel.name.startswith("pydantic_core"):
+            (broken / "wheels" / wheel.name).symlink_to(wheel)
+    (broken / "data").symlink_to(carry / "data")
+    proc = subprocess.run([sys.executable, str(SESSION), "check", "--carry", str(broken)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"session.py: error: {broken}/wheels lacks pydantic-core; run: python benchmarks/gpu/session.py prepare"]
