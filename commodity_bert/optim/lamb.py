@@ -13,9 +13,9 @@ class Lamb(torch.optim.Optimizer):
     [min_coeff, max_coeff] (1 when either norm is 0), p ← p − lr·ratio·u. (DeepSpeed's FusedLamb
     takes the ratio before the bias correction: see optim/build.py.)
 
-    Written here because DeepSpeed's "Lamb" is FusedLamb, a CUDA kernel: this one runs
-    wherever torch runs (CPU, any GPU) with `torch._foreach_*` ops, one launch per op for
-    all tensors of a group.
+    Written here because DeepSpeed's LAMB is FusedLamb, a CUDA kernel of another formulation:
+    this one runs wherever torch runs (CPU, any GPU) with `torch._foreach_*` ops, one launch per
+    op for all tensors of a group.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
