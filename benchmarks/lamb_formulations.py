@@ -25,8 +25,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "benchmarks" / "gpu")]
 
-from commodity_bert.optim import build as optim_build  # noqa: E402
-from commodity_bert.optim.lamb import Lamb  # noqa: E402
+from commodity_bert.optim import build as optim_build
+from commodity_bert.optim.lamb import Lamb
 
 
 class FusedLambFormulation(Lamb):
@@ -64,17 +64,17 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/lamb_formulations")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    import session
+    import parts
     from bench_common import cpu_name
-    session.single_rank_environment()
+    parts.single_rank_environment()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     config = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())
     curves = {}
     for name, optimizer in (("project", Lamb), ("fusedlamb_formulation", FusedLambFormulation)):
         optim_build.Lamb = optimizer  # what train.py's build_optimizer makes of "Lamb"
-        rows = session.train_once(config, work, name, Path(args.data), "tiny", args.steps)
-        curves[name] = [r["loss"] for r in session.trained_rows(rows)]
+        rows = parts.train_once(config, work, name, Path(args.data), "tiny", args.steps)
+        curves[name] = [r["loss"] for r in parts.trained_rows(rows)]
     optim_build.Lamb = Lamb
     result = {"machine": f"CPU: {cpu_name()}", "torch": torch.__version__, "steps": args.steps,
               "config": "ds_configs/cpu_tiny_lamb.json", "cpu": curves}

@@ -1,0 +1,179 @@
+"""What travels to a lent GPU (gpu_carry/, ignored by git): the wheels the device's Python lacks and
+the shards every part uses. Built here with the network (`session.py prepare`), checked before every
+plan (`session.py check`, and `run` itself): complete for the device's Python, and with the tree
+under the device tool's 64 MiB."""
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CARRY = REPO / "gpu_carry"  # ignored by git; the device tool's `carry` takes it
+LIMIT_MIB = 64  # the working tree plus the carry, as the device tool sends them
+
+# The device image's Python packages (the device tool's KINDS.md, "Python packages already there",
+# read 2026-11-17), as distribution names normalised by `normalise`. The carry holds the rest.
+DEVICE_PACKAGES = set("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt
+jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx
+onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix
+orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
+pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+""".split())  # noqa: SIM905 - the list as KINDS.md gives it
+# What the device lacks and the session imports: deepspeed (built here into a wheel with no
+# compiled ops; it JIT-builds what it needs there) and what it needs. typing-extensions is
+# there, but perhaps older than this pydantic asks (>= 4.16), so it travels too.
+CARRIED = ["deepspeed", "hjson", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+           "typing-extensions"]
+DEVICE_PYTHON = ("3.12", "cp312")
+
+def normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def say(*lines: str) -> None:
+    for line in lines:
+        print(f"session: {line}", flush=True)
+
+
+def prepare(carry: Path) -> dict:
+    """gpu_carry/wheels: what DEVICE_PACKAGES lacks, for the device's Python, at the versions this
+    environment runs (so the rehearsal tests the same set); gpu_carry/data: the shards every part
+    uses. Writes to temporary names and renames, so a failed prepare leaves the old carry whole."""
+    carry.mkdir(parents=True, exist_ok=True)
+    wheels_tmp = carry / "wheels.tmp"
+    shutil.rmtree(wheels_tmp, ignore_errors=True)
+    wheels_tmp.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED if name != "deepspeed"]
+    platforms = [x for n in (17, 24, 27, 28, 31, 34) for x in ("--platform", f"manylinux_2_{n}_x86_64")]
+    run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", DEVICE_PYTHON[0],
+         "--implementation", "cp", *platforms, "--platform", "manylinux2014_x86_64", "-d", str(wheels_tmp),
+         *pinned])
+    # DeepSpeed publishes no wheel; built against this torch with no ops compiled (pure Python):
+    # the device JIT-builds the ops it uses, for its own torch and CUDA
+    run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels_tmp),
+         f"deepspeed=={importlib.metadata.version('deepspeed')}"])
+    shutil.rmtree(carry / "wheels", ignore_errors=True)
+    wheels_tmp.rename(carry / "wheels")
+
+    data_tmp = carry / "data.tmp"
+    shutil.rmtree(data_tmp, ignore_errors=True)
+    # seq 128, dynamic masking (each pass over the corpus masks anew: part c passes many times),
+    # no NSP, the embedded BERT-base vocabulary (what users pretrain with; MFU counts its head)
+    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
+         "--masking", "dynamic", "--no-nsp", "--num-shards", "4", "--val-fraction", "0.02", "--seed", "1",
+         "--output", str(data_tmp)], cwd=REPO)
+    shutil.rmtree(carry / "data", ignore_errors=True)
+    data_tmp.rename(carry / "data")
+    # the rehearsal's: the same text with a 2,048-token vocabulary, so that `tiny`'s checkpoints
+    # and exports (most of them its embedding table) cost the CPU seconds, not minutes
+    rehearsal_tmp = carry / "rehearsal_data.tmp"
+    shutil.rmtree(rehearsal_tmp, ignore_errors=True)
+    rehearsal_tmp.mkdir()
+    run([sys.executable, "-m", "data_prep", "vocab", "--input", "embedded:sotu", "--vocab-size", "2048",
+         "--output", str(rehearsal_tmp / "vocab.txt")], cwd=REPO)
+    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--vocab", str(rehearsal_tmp / "vocab.txt"),
+         "--seq-len", "128", "--masking", "dynamic", "--no-nsp", "--num-shards", "2", "--val-fraction", "0.02",
+         "--seed", "1", "--output", str(rehearsal_tmp / "shards")], cwd=REPO)
+    shutil.rmtree(carry / "rehearsal_data", ignore_errors=True)
+    rehearsal_tmp.rename(carry / "rehearsal_data")
+    report = check_carry(carry)
+    say(f"prepared {carry}: {len(report['wheels'])} wheels, carry {report['carry_mib']:.1f} MiB, "
+        f"tree {report['tree_mib']:.1f} MiB (limit {LIMIT_MIB})")
+    return report
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise SystemExit(f"session.py: error: {' '.join(cmd[:6])} ... failed: "
+                         f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def tree_bytes() -> int:
+    """What the device tool sends besides the carry: tracked files and untracked ones git does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
+
+
+def carried_closure_gaps() -> list[str]:
+    """What the carried packages need (their requirements, recursively, extras left out) that is
+    neither on the device nor carried: a gap means an ImportError there."""
+    from packaging.requirements import Requirement
+    gaps, seen, todo = set(), set(), [normalise(n) for n in CARRIED]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for line in importlib.metadata.requires(name) or []:
+            req = Requirement(line)
+            if req.marker and not req.marker.evaluate({"extra": "", "python_version": DEVICE_PYTHON[0],
+                                                      "sys_platform": "linux", "platform_system": "Linux"}):
+                continue
+            needed = normalise(req.name)
+            if needed in {normalise(n) for n in CARRIED}:
+                todo.append(needed)
+            elif needed not in DEVICE_PACKAGES:
+                gaps.add(f"{needed} (for {name})")
+    return sorted(gaps)
+
+
+def project_needs_absent_on_device() -> list[str]:
+    """The project's own requirements that the device lacks and the carry leaves out (datasets,
+    blingfire): no part may import them."""
+    import tomllib
+    from packaging.requirements import Requirement
+    # from pyproject.toml: the project is not installed on the device, only its tree travels
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needs = [Requirement(r) for r in project["dependencies"]]
+    carried = {normalise(n) for n in CARRIED}
+    return sorted({normalise(r.name) for r in needs} - DEVICE_PACKAGES - carried)
+
+
+def check_carry(carry: Path) -> dict:
+    """Is the carry complete (a wheel for every CARRIED name, for the device's Python) and does it
+    fit beside the tree? Raises SystemExit with one line if not."""
+    wheels = sorted(p.name for p in (carry / "wheels").glob("*.whl"))
+    names = {normalise(w.split("-")[0]) for w in wheels}
+    missing = [n for n in CARRIED if normalise(n) not in names]
+    if missing:
+        raise SystemExit(f"session.py: error: {carry}/wheels lacks {', '.join(missing)}; "
+                         f"run: python benchmarks/gpu/session.py prepare")
+    wrong = [w for w in wheels if not (w.endswith("-none-any.whl") or f"-{DEVICE_PYTHON[1]}-" in w)]
+    if wrong:
+        raise SystemExit(f"session.py: error: {', '.join(wrong)} will not install on the device's Python "
+                         f"{DEVICE_PYTHON[0]}; run: python benchmarks/gpu/session.py prepare")
+    gaps = carried_closure_gaps()
+    if gaps:
+        raise SystemExit(f"session.py: error: the carried wheels need {', '.join(gaps)}, which the device lacks; "
+                         f"add them to CARRIED in benchmarks/gpu/session.py")
+    if not all((carry / d / "manifest.json").is_file() for d in ("data", "rehearsal_data/shards")):
+        raise SystemExit(f"session.py: error: no shards in {carry}/data; run: python benchmarks/gpu/session.py prepare")
+    carry_bytes = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
+    tree = tree_bytes()
+    if carry_bytes + tree > LIMIT_MIB * 2**20:
+        raise SystemExit(f"session.py: error: the tree ({tree / 2**20:.1f} MiB) and {carry} "
+                         f"({carry_bytes / 2**20:.1f} MiB) exceed the device tool's {LIMIT_MIB} MiB")
+    return {"wheels": wheels, "carry_mib": carry_bytes / 2**20, "tree_mib": tree / 2**20}
