@@ -112,7 +112,7 @@ def use_activation_checkpointing(hf_model: nn.Module) -> None:
     keyword and restores the RNG state before recomputing, so dropout draws the same masks and
     the losses are those of a run without it."""
     kwargs = {"use_reentrant": False}
-    if hasattr(hf_model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+    if hasattr(hf_model, "activation_checkpointing_enable"):  # newer transformers: the old name is deprecated
         hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

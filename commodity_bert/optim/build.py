@@ -37,16 +37,14 @@ def bf16_enabled(ds_config: dict) -> bool:
     return any(ds_config.get(key, {}).get("enabled", False) for key in ("bf16", "bfloat16"))
 
 
-def lamb_implementation(ds_config: dict, on_cuda: bool) -> str:
+def lamb_implementation(ds_config: dict) -> str:
     """Which LAMB a config's "Lamb" runs: "commodity_bert.lamb.implementation" where given, else
-    the project's own on every device. DeepSpeed's FusedLamb ("deepspeed", CUDA only) is another
-    LAMB: it takes the trust ratio of the update before bias correction and applies the correction
-    to the step size after it, which, the ratio normalising the update's size, shrinks every step
-    by sqrt(1 - beta2^t) / (1 - beta1^t) (0.18 at step 30, 0.8 at step 1,000 with beta2 0.999); on
-    an H200 it learnt far slower than the project's LAMB with the same config (RESULTS.md,
-    2026-11-27). The project's follows the paper and NVIDIA's apex FusedLAMB, whose rates NVIDIA's
-    recipe (and ours) uses. FusedLamb has no bf16 kernel in DeepSpeed 0.19.8."""
-    del on_cuda  # the same default everywhere: the CPU's runs and the GPU's run one LAMB
+    the project's own, on every device. DeepSpeed's FusedLamb ("deepspeed", CUDA only, no bf16
+    kernel) is another formulation, not a faster kernel of this one: it takes the trust ratio of
+    the update before bias correction and applies the correction to the step size after it; the
+    ratio normalising the update's size, every step shrinks by sqrt(1 - beta2^t) / (1 - beta1^t)
+    (0.18 at step 30, 0.8 at step 1,000 with beta2 0.999). The project's is the paper's, whose
+    rates NVIDIA's recipe and this project's configs use."""
     return ds_config.get("commodity_bert", {}).get("lamb", {}).get("implementation") or "project"
 
 
@@ -60,7 +58,7 @@ def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
     params = dict(block.get("params", {}))
     groups = parameter_groups(model, params.get("weight_decay", 0.0))
     name = optimizer_name(ds_config)
-    if name in DEEPSPEED_BUILT or (name == "lamb" and lamb_implementation(ds_config, on_cuda) == "deepspeed"):
+    if name in DEEPSPEED_BUILT or (name == "lamb" and lamb_implementation(ds_config) == "deepspeed"):
         return None, groups, ds_config
     if name == "lamb":
         config = {k: v for k, v in ds_config.items() if k != "optimizer"}

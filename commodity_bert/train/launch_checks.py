@@ -26,7 +26,6 @@ PROJECT_SECTIONS = {
 }
 
 
-
 class LaunchError(Exception):
     pass
 
@@ -132,7 +131,7 @@ def check_project_block(config: dict) -> None:
     enabled = block.get("activation_checkpointing", {}).get("enabled", False)
     if not isinstance(enabled, bool):
         raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
-    implementation = block.get("lamb", {}).get("implementation", LAMB_IMPLEMENTATIONS[0])
+    implementation = block.get("lamb", {}).get("implementation", "project")
     if implementation not in LAMB_IMPLEMENTATIONS:
         raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
                           f'(FusedLamb, CUDA only) or "project" (commodity_bert/optim/lamb.py)')
@@ -140,14 +139,14 @@ def check_project_block(config: dict) -> None:
 
 def check_against_device(config: dict, on_cuda: bool) -> None:
     """What the config asks of the device."""
-    if optimizer_name(config) != "lamb" or lamb_implementation(config, on_cuda) != "deepspeed":
+    if optimizer_name(config) != "lamb" or lamb_implementation(config) != "deepspeed":
         return
     if not on_cuda:
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" is FusedLamb, which needs CUDA; '
-                          'use "project" (the default without a GPU)')
+                          'use "project" (the default)')
     if bf16_enabled(config):
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" (FusedLamb) has no bf16 kernel in '
-                          'DeepSpeed 0.19; use "project" (the default under bf16) or fp16')
+                          'DeepSpeed 0.19; use "project" (the default) or fp16')
 
 
 def check_zero_one_adam(params: dict) -> None:
