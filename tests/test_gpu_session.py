@@ -30,7 +30,7 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, tmp_
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "PY": sys.executable}
     proc = subprocess.run(["bash", "benchmarks/gpu/session.sh", "--rehearse", "--work", str(tmp_path / "work")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=420, check=False)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     session = json.loads((out / "session.json").read_text())
 

@@ -46,6 +46,7 @@ CARRIED = ["deepspeed", "hjson", "pydantic", "pydantic-core", "annotated-types",
            "typing-extensions"]
 DEVICE_PYTHON = ("3.12", "cp312")
 
+
 def normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 

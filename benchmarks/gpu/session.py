@@ -53,8 +53,9 @@ PARTS = ("correctness", "speed", "model", "fused_lamb")
 # seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
 # the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores
 CAPS = {"gpu": {"install": 20, "correctness": 110, "speed": 100, "model": 120, "fused_lamb": 70},
-        "rehearse": {"install": 60, "correctness": 150, "speed": 60, "model": 90, "fused_lamb": 5}}
+        "rehearse": {"install": 60, "correctness": 240, "speed": 90, "model": 120, "fused_lamb": 10}}
 PLAN_LIMIT_S = 420
+
 
 def run_plan(args) -> int:
     kind = "rehearse" if args.rehearse else "gpu"
@@ -72,8 +73,8 @@ def run_plan(args) -> int:
                         "limit_s": PLAN_LIMIT_S, "gpu_total_s": sum(CAPS["gpu"].values())},
                "carry": check_carry(Path(args.carry)), "parts": {}}
     say(f"plan ({kind}): install {caps['install']} s, " + ", ".join(f"{p} {caps[p]} s" for p in parts) +
-        f"; {plan_s} s in all (limit {PLAN_LIMIT_S} s)")
-    if plan_s > PLAN_LIMIT_S:
+        f"; {plan_s} s in all" + (f" (limit {PLAN_LIMIT_S} s)" if kind == "gpu" else ""))
+    if kind == "gpu" and plan_s > PLAN_LIMIT_S:  # the rehearsal's caps only guard a CPU's slow day
         raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {PLAN_LIMIT_S} s")
     log = (out / "session.log").open("a")
     write_json(out / "session.json", session)
