@@ -27,7 +27,9 @@ OUT/session.json and appends to OUT/session.log after every part):
                    corpus (the largest the project prepares), its hf_model packed into pieces under
                    16 MiB that the device tool returns: fine-tune it on CPU afterwards.
   d. fused_lamb    DeepSpeed's FusedLamb (a JIT build: TORCH_CUDA_ARCH_LIST=9.0) against the project's
-                   LAMB; last, since its build alone may take a minute (--skip-fused-lamb).
+                   LAMB: their curves on the same run (another formulation: optim/build.py) and one
+                   optimizer step over BERT-large's parameters; last, since its build alone takes
+                   most of a minute (--skip-fused-lamb).
 
 Nothing here is a mock: the cells are real DeepSpeed engines on real shards of real text.
 """
