@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     mode = comm_mode.select(ds_config)
     # the optimizer first: it reads the project's block ("commodity_bert.lamb"), which the mode
     # then takes out of what DeepSpeed gets
-    optimizer, parameters, ds_config = build_optimizer(ds_config, model, on_cuda)
+    optimizer, parameters, ds_config = build_optimizer(ds_config, model)
     ds_config = mode.deepspeed_config(ds_config)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
                                                    model_parameters=parameters,

@@ -293,8 +293,6 @@ def main() -> None:
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     if precision == "fp16" and device.type == "cpu":
         raise SystemExit("--precision fp16 needs CUDA (CPU autocast has no fp16 loss scaling here); use bf16 or fp32")
-    torch.manual_seed(0)
-
     if args.data:
         data = Path(args.data)
     else:

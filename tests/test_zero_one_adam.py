@@ -176,7 +176,7 @@ def _engine_worker(rank, world, port, results, precision):
     from commodity_bert.optim.build import build_optimizer
     mode = comm_mode.select(config)
     config = mode.deepspeed_config(config)
-    optimizer, parameters, config = build_optimizer(config, model, on_cuda)
+    optimizer, parameters, config = build_optimizer(config, model)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                            config=config)
     mode.attach(engine, optimizer, model)

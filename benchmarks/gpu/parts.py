@@ -8,7 +8,6 @@ import importlib.metadata
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tarfile
@@ -55,9 +54,8 @@ SIZES = {  # the rehearsal runs every path of the plan, small
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
+    from commodity_bert.data.shard_format import atomic_write_text
+    atomic_write_text(path, json.dumps(data, indent=1, default=str))
 
 
 class Recorder:
@@ -462,7 +460,8 @@ def run_part(args) -> None:
         on_cuda = False  # the rehearsal is the CPU's path wherever it runs
     sizes = SIZES["rehearse" if args.rehearse else "gpu"]
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    device = torch.cuda.get_device_name(0) if on_cuda else f"CPU: {cpu_model()}"
+    from bench_common import cpu_name
+    device = torch.cuda.get_device_name(0) if on_cuda else f"CPU: {cpu_name()}"
     recorder = Recorder(Path(args.json), device=device, torch=torch.__version__)
     recorder.save()
     single_rank_environment()
@@ -478,13 +477,6 @@ def run_part(args) -> None:
     finally:
         recorder.data["distributions"] = loaded_distributions()
         recorder.save()
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def loaded_distributions() -> list[str]:

@@ -48,7 +48,7 @@ def lamb_implementation(ds_config: dict) -> str:
     return ds_config.get("commodity_bert", {}).get("lamb", {}).get("implementation") or "project"
 
 
-def build_optimizer(ds_config: dict, model: nn.Module, on_cuda: bool):
+def build_optimizer(ds_config: dict, model: nn.Module):
     """(client optimizer or None, model parameters, DeepSpeed config to use).
 
     DeepSpeed builds Adam/AdamW, and Lamb where the config's "commodity_bert.lamb.implementation"

@@ -263,7 +263,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
 
     torch.manual_seed(0)
     model = PretrainingModel(build_model(model_config, nsp=nsp))
-    optimizer, parameters, ds_config = build_optimizer(config, model, device.type == "cuda")
+    optimizer, parameters, ds_config = build_optimizer(config, model)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=ds_config)
     engine.enable_backward_allreduce = False
     scaled = loss_for_backward(engine)
