@@ -537,3 +537,25 @@ def test_lr_flags_bad_values_are_one_line(tmp_path, capsys):
             finetune_main(["--model", str(tmp_path), "--task", "embedded:polarity", *args])
         err = capsys.readouterr().err.strip().splitlines()
         assert stop.value.code == 2 and len(err) == 1 and expected in err[0], (args, err)
+
+
+def test_train_examples_are_stratified_fixed_nested_and_recorded(tmp_path, run30, capsys):
+    """--train-examples N: N rows in each label's share, the same rows on every call, the rows of
+    a smaller N inside a larger one's; the JSON says how many of how many; a bad N is one line."""
+    party = tasks.embedded_party()
+    small_, large = tasks.sample_train(party, 100), tasks.sample_train(party, 1000)
+    assert len(small_.train) == 100 and len(large.train) == 1000
+    share = party.train.labels.count("democrat") / len(party.train)
+    assert abs(small_.train.labels.count("democrat") - 100 * share) <= 1
+    assert tasks.sample_train(party, 100).train.texts == small_.train.texts
+    assert set(small_.train.texts) <= set(large.train.texts) and small_.dev is party.dev
+    result = run_finetune("--model", run30, "--task", "embedded:party", "--train-examples", 60, *FAST,
+                          json_out=tmp_path / "r.json")
+    assert result["train_size"] == 60 and result["train_examples"]["of"] == len(party.train)
+    assert "60 of 2470, stratified" in capsys.readouterr().out
+    for n, expected in ((0, "--train-examples 0: give a count from 2"), (1, "each needs a row"),
+                        (99999, "training split's 2470 rows")):
+        with pytest.raises(SystemExit) as stop:
+            finetune_main(["--model", str(run30), "--task", "embedded:party", "--train-examples", str(n)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and expected in err[0], (n, err)

@@ -47,10 +47,13 @@ import sys
 import time
 from pathlib import Path
 
-from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, say
-from parts import run_part, write_json
-
 REPO = Path(__file__).resolve().parents[2]
+# the device installs no project: its package is read from the tree (parts.py writes through it)
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+
+from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, say
+from parts import run_part, write_json  # noqa: E402
+
 PARTS = ("correctness", "speed", "model", "fused_lamb")
 # seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
 # the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--label-field", default="label")
     task.add_argument("--metric", choices=METRICS, help="default: accuracy (GLUE tasks: GLUE's own)")
     task.add_argument("--positive-label", help="F1's positive class (default: the last label in sorted order)")
+    task.add_argument("--train-examples", type=int, metavar="N",
+                      help="fine-tune on N rows of the training split, stratified by label, the same rows for "
+                           "every arm and seed (--lr auto holds its slice out of these N); default: all")
     hp = p.add_argument_group("fine-tuning, the same for every task unless told")
     hp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     hp.add_argument("--epochs", type=float, default=3.0)
@@ -132,11 +135,13 @@ def check_arguments(args) -> None:
 
 def load_task(args) -> Task:
     if args.task is not None:
-        return tasks.embedded(args.task)
-    if args.glue is not None:
-        return tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
-    return tasks.from_files(args.train, args.validation, args.text_field, args.text_pair_field,
-                            args.label_field, args.metric or "accuracy", args.positive_label)
+        task = tasks.embedded(args.task)
+    elif args.glue is not None:
+        task = tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
+    else:
+        task = tasks.from_files(args.train, args.validation, args.text_field, args.text_pair_field,
+                                args.label_field, args.metric or "accuracy", args.positive_label)
+    return task if args.train_examples is None else tasks.sample_train(task, args.train_examples)
 
 
 def pick_device(requested: str):
@@ -217,7 +222,8 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
                                              score)
     truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train), 1)
     return {"task": task.name, "metric": task.metric, **rows["pretrained"], "model": str(pretrained.path),
-            "train_size": len(train), "dev_size": len(dev), "seconds": round(time.perf_counter() - started, 1),
+            "train_size": len(train), "train_examples": task.source.get("train_examples"), "dev_size": len(dev),
+            "seconds": round(time.perf_counter() - started, 1),
             "majority": {"label": str(majority_label), "value": trainer.majority(task, dev, majority_label)},
             "bag_of_words": baselines.bag_of_words(task, fit_rows, held_rows, score),
             "linear_probe": probe,
@@ -248,7 +254,9 @@ def print_report(result: dict) -> None:
           f" on {result['selection']['held_out']} held-out training examples") if hp["lr"] == "auto" else f"{hp['lr']:g}"
     steps = result["per_seed"][0]["steps"]
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
-    print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']} "
+    sampled = result.get("train_examples")
+    of = f" of {sampled['of']}, stratified" if sampled else ""
+    print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']}{of} "
           f"train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} epochs, at least "
           f"{hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['pooling']} "
           f"pooling{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")

@@ -352,3 +352,47 @@ def majority_label(task: Task):
     """The training split's most frequent label (ties: the first in label order)."""
     counts = Counter(task.train.labels)
     return max(task.label_names, key=lambda name: counts[name])
+
+
+TRAIN_SAMPLE_SEED = 4848  # not a fine-tuning seed: the rows are the same whatever --seeds says
+
+
+def sample_train(task: Task, n: int) -> Task:
+    """The task with `n` rows of its training split (--train-examples), stratified by label: each
+    label gets its share by largest remainder and at least one row. The rows are the first of
+    one fixed shuffle per label, so every arm and seed sees the same rows and a smaller `n`
+    takes (nearly) a subset of a larger one's rows: a gain curve over label counts compares
+    like with like."""
+    size = len(task.train)
+    if n <= 0 or n > size:
+        raise TaskError(f"--train-examples {n}: give a count from {len(task.label_names)} to the training "
+                        f"split's {size} rows")
+    if n < len(task.label_names):
+        raise TaskError(f"--train-examples {n}: {task.name} has {len(task.label_names)} labels and each needs a "
+                        f"row; give at least {len(task.label_names)}")
+    if n == size:
+        return task
+    import numpy as np
+    rows_of: dict = {label: [] for label in task.label_names}
+    for i, label in enumerate(task.train.labels):
+        rows_of[label].append(i)
+    rng = np.random.default_rng(TRAIN_SAMPLE_SEED)
+    shuffled = {label: rng.permutation(rows).tolist() for label, rows in rows_of.items()}
+    shares = {label: n * len(rows) / size for label, rows in rows_of.items()}
+    takes = {label: max(1, int(share)) for label, share in shares.items()}
+    # largest remainders fill what the floors left (or the minimum of one took too much: the largest give back)
+    order = sorted(task.label_names, key=lambda label: takes[label] - shares[label])
+    while sum(takes.values()) < n:
+        label = next(lb for lb in order if takes[lb] < len(rows_of[lb]))
+        takes[label] += 1
+        order.remove(label)
+        order.append(label)
+    while sum(takes.values()) > n:
+        label = max((lb for lb in task.label_names if takes[lb] > 1), key=lambda lb: takes[lb] - shares[lb])
+        takes[label] -= 1
+    rows = sorted(i for label in task.label_names for i in shuffled[label][:takes[label]])
+    train = Split([task.train.texts[i] for i in rows], [task.train.labels[i] for i in rows],
+                  None if task.train.pairs is None else [task.train.pairs[i] for i in rows])
+    source = {**task.source, "train_examples": {"rows": n, "of": size, "stratified_by_label": True,
+                                                "sample_seed": TRAIN_SAMPLE_SEED}}
+    return Task(task.name, task.metric, train, task.dev, task.label_names, task.positive_label, source)
