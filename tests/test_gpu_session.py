@@ -25,10 +25,28 @@ def carry(tmp_path_factory) -> Path:
     return carry
 
 
+@pytest.fixture(scope="module")
+def device_python(tmp_path_factory) -> Path:
+    """This Python as the device's: its packages, but not the project (installed here, editable,
+    through a .pth file that -S leaves unread). A GPU session once failed at its first line on an
+    import the rehearsal's installed project had hidden."""
+    import sysconfig
+    wrapper = tmp_path_factory.mktemp("device_python") / "python"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={sysconfig.get_paths()['purelib']} exec {sys.executable} -S \"$@\"\n")
+    wrapper.chmod(0o755)
+    probe = subprocess.run([str(wrapper), "-c", "import torch, deepspeed, transformers, h5py"], capture_output=True,
+                           text=True, check=False, cwd="/")
+    assert probe.returncode == 0, probe.stderr  # its packages are there
+    hidden = subprocess.run([str(wrapper), "-c", "import commodity_bert"], capture_output=True, text=True, check=False,
+                            cwd="/")
+    assert hidden.returncode != 0  # the project is not
+    return wrapper
+
+
 @pytest.mark.slow
-def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, tmp_path):
+def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, device_python, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "PY": sys.executable}
+    env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "PY": str(device_python)}
     proc = subprocess.run(["bash", "benchmarks/gpu/session.sh", "--rehearse", "--work", str(tmp_path / "work")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,7 +58,10 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, tmp_
     assert session["carry"]["carry_mib"] + session["carry"]["tree_mib"] < 64
     assert session["imports_absent_on_device"]["imported"] == []  # datasets, blingfire: not on the device
     parts = session["parts"]
-    assert {p: parts[p]["status"] for p in parts} == {p: "ok" for p in ("correctness", "speed", "model", "fused_lamb")}
+    assert {p: parts[p]["status"] for p in parts} == {p: "ok" for p in ("correctness", "speed", "profile", "model",
+                                                                         "fused_lamb")}
+    assert [p["path"] for p in parts["profile"]["profiles"]] == ["padded_baseline", "project"]
+    assert all(p["busy_s"] > 0 and "matmul" in p["by_kind_s"] for p in parts["profile"]["profiles"])
 
     correctness = parts["correctness"]
     names = {cell["name"] for cell in correctness["cells"]}
