@@ -33,6 +33,16 @@ callback (saving not counted, as scoring is not); train.py runs in segments, eac
 own --time-budget (kept across relaunches) and resumed from its checkpoint, its RUN/hf_model
 copied after each.
 
+Equal tokens (--sequences N): both sides train N sequences of the same shards (the same passes
+over them), with one recipe, ds_configs/cpu_mini_adamw_bf16.json's (AdamW 1e-3, beta2 0.98, eps
+1e-6, weight decay 0.01, clipping 1.0, linear warm-up over --warmup-ratio of the steps, then linear
+decay to 0 at the last step), at the same micro-batch; no time budget stops either. Then
+--finetune-tasks fine-tunes each side's final model with bert-finetune on those tasks at each of
+--finetune-examples (a count, or all) over --finetune-seeds, random init once beside them: the
+parity that matters is downstream, not in masked-LM accuracy.
+
+    python benchmarks/vs_hf_trainer.py --sequences 25000 --input corpus/corpus.txt --precision bf16 \
+        --finetune-tasks embedded:polarity embedded:party --finetune-examples 300 all --work W --json OUT
     python benchmarks/vs_hf_trainer.py [--model mini] [--minutes 10] [--snapshot-minutes 5 10]
         [--work DIR] [--json OUT] [--plot OUT.png]
     python benchmarks/vs_hf_trainer.py --sides hf_trainer --model mini --precision bf16 --hf-steps 800 \
@@ -57,6 +67,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold a
 from bench_common import free_port, make_shards
 
 BASE_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
+ADAMW_CONFIG = REPO / "ds_configs" / "cpu_mini_adamw_bf16.json"  # --sequences: both sides' recipe
 
 
 def prepare_data(work: Path, input_spec: str, seq_len: int) -> Path:
@@ -144,7 +155,7 @@ def run_hf_trainer(args) -> None:
 
     targs = TrainingArguments(
         output_dir=str(Path(args.out) / "trainer"), per_device_train_batch_size=args.micro_batch,
-        learning_rate=args.hf_lr, weight_decay=0.01, adam_beta2=args.hf_beta2,
+        learning_rate=args.hf_lr, weight_decay=0.01, adam_beta2=args.hf_beta2, adam_epsilon=args.hf_eps,
         warmup_steps=round(args.hf_warmup_ratio * args.hf_steps) if args.hf_warmup_ratio else args.warmup_steps,
         lr_scheduler_type=args.hf_schedule, max_steps=args.hf_steps or 10 ** 7, logging_steps=50, save_strategy="no",
         report_to=[], use_cpu=True, dataloader_num_workers=1, seed=args.seed, disable_tqdm=True,
@@ -163,12 +174,16 @@ def run_hf_trainer(args) -> None:
 
 
 def run_project(args, data: Path, out: Path) -> list[dict]:
-    config = json.loads(BASE_CONFIG.read_text())
+    config = json.loads((ADAMW_CONFIG if args.sequences else BASE_CONFIG).read_text())
     config["train_micro_batch_size_per_gpu"] = args.micro_batch
-    config["optimizer"]["params"]["lr"] = args.project_lr
-    config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": args.project_lr,
-                                                          "warmup_num_steps": args.warmup_steps,
-                                                          "warmup_type": "linear"}}
+    if args.sequences:  # the recipe as it ships, its schedule spanning the run
+        config["scheduler"]["params"].update({"warmup_num_steps": round(args.warmup_ratio * args.hf_steps),
+                                              "total_num_steps": args.hf_steps})
+    else:
+        config["optimizer"]["params"]["lr"] = args.project_lr
+        config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": args.project_lr,
+                                                              "warmup_num_steps": args.warmup_steps,
+                                                              "warmup_type": "linear"}}
     config["bf16"] = {"enabled": args.precision == "bf16"}
     out.mkdir(parents=True, exist_ok=True)
     (out / "ds_config.json").write_text(json.dumps(config))
@@ -179,7 +194,8 @@ def run_project(args, data: Path, out: Path) -> list[dict]:
     for i, minutes in enumerate(segments):
         cmd = [deepspeed, "--num_gpus", "1", "--master_port", str(free_port()), "train.py",
                "--deepspeed_config", str(out / "ds_config.json"), "--data", str(data), "--model", args.model,
-               "--output-dir", str(out / "run"), "--time-budget", f"{minutes * 60}s", "--max-steps", "1000000",
+               "--output-dir", str(out / "run"), "--time-budget", f"{minutes * 60}s",
+               "--max-steps", str(args.hf_steps if args.sequences else 1000000),
                "--log-every", "10", "--eval-every", str(args.project_eval_every), "--num-workers", "1",
                "--save-every-minutes", "0", "--seed", str(args.seed), "--resume", "auto" if i else "none"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
@@ -195,6 +211,33 @@ def run_project(args, data: Path, out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     return [{"elapsed_s": r["elapsed_s"], "step": r["step"], "val_mlm_acc": r["val_mlm_acc"]}
             for r in rows if "val_mlm_acc" in r]
+
+
+def finetune_both(args, work: Path) -> list[dict]:
+    """Each side's final model fine-tuned by bert-finetune on every task and label count, the
+    same seeds and lr grid; random init once per task and count (with the project's call)."""
+    models = {"project": work / "project" / "run" / "hf_model", "hf_trainer": work / "snapshots" / "hf_trainer_final"}
+    rows = []
+    for task in args.finetune_tasks:
+        for examples in args.finetune_examples:
+            for side, model in models.items():
+                out = work / "downstream" / f"{side}_{task.replace(':', '_')}_{examples}.json"
+                cmd = [sys.executable, "-m", "commodity_bert.finetune", "--model", str(model), "--task", task,
+                       "--seeds", *map(str, args.finetune_seeds), "--lr-grid", *map(str, args.finetune_lr_grid),
+                       "--quiet", "--json", str(out), *(["--random-init"] if side == "project" else []),
+                       *([] if examples == "all" else ["--train-examples", examples])]
+                proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+                if proc.returncode:
+                    raise SystemExit(f"bert-finetune failed: {proc.stderr.strip().splitlines()[-1:]}")
+                result = json.loads(out.read_text())
+                arms = [(side, result)] + ([("random_init", result["random_init"])] if result.get("random_init") else [])
+                for arm, r in arms:
+                    rows.append({"task": task, "examples": examples, "train_size": result["train_size"], "arm": arm,
+                                 "median": r["median"], "min": r["min"], "max": r["max"], "lr": r["lr"],
+                                 "per_seed": [x["value"] for x in r["per_seed"]], "json": str(out)})
+                print(f"{task} N={examples} {side}: {100 * result['median']:.1f}% ({100 * result['min']:.1f}–"
+                      f"{100 * result['max']:.1f})", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -214,6 +257,15 @@ def main() -> None:
     parser.add_argument("--hf-warmup-ratio", type=float, default=0.0,
                         help="the Trainer's warm-up as a fraction of --hf-steps (0: --warmup-steps)")
     parser.add_argument("--hf-beta2", type=float, default=0.999, help="the Trainer's AdamW beta2")
+    parser.add_argument("--hf-eps", type=float, default=1e-8, help="the Trainer's AdamW epsilon")
+    parser.add_argument("--sequences", type=int, default=0,
+                        help="equal tokens: both sides train this many sequences with one AdamW recipe, no time budget")
+    parser.add_argument("--warmup-ratio", type=float, default=0.1, help="--sequences: warm-up share of the steps")
+    parser.add_argument("--finetune-tasks", nargs="*", default=[], help="bert-finetune each side's model on these")
+    parser.add_argument("--finetune-examples", nargs="+", default=["300", "all"],
+                        help="label counts (bert-finetune --train-examples), or all")
+    parser.add_argument("--finetune-seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--finetune-lr-grid", type=float, nargs="+", default=[3e-4, 1e-3])
     parser.add_argument("--sides", default="project,hf_trainer", help="which sides to run, comma-separated")
     parser.add_argument("--eval-every-s", type=float, default=60.0)
     parser.add_argument("--project-eval-every", type=int, default=25, help="train.py evaluates every N steps")
@@ -227,6 +279,14 @@ def main() -> None:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.sequences:
+        if args.sequences < args.micro_batch:
+            raise SystemExit(f"--sequences {args.sequences}: give at least one micro-batch ({args.micro_batch})")
+        # one recipe for both sides (ADAMW_CONFIG's), the same steps, no time budget
+        recipe = json.loads(ADAMW_CONFIG.read_text())["optimizer"]["params"]
+        args.hf_steps, args.hf_schedule, args.hf_warmup_ratio = args.sequences // args.micro_batch, "linear", args.warmup_ratio
+        args.hf_lr, args.hf_beta2, args.hf_eps = recipe["lr"], recipe["betas"][1], recipe["eps"]
+        args.minutes = 10 ** 6
     if args.run_trainer:
         run_hf_trainer(args)
         return
@@ -268,7 +328,8 @@ def main() -> None:
     target = trainer[-1]["val_mlm_acc"]
     reached = next((r for r in project if r["val_mlm_acc"] >= target), None)
     print(f"{args.model}, seq {args.seq_len}, {args.precision}, micro-batch {args.micro_batch}, "
-          f"{args.minutes:g} min each; {machine}")
+          + (f"{args.sequences:,} sequences ({args.hf_steps} steps) each" if args.sequences else f"{args.minutes:g} min each")
+          + f"; {machine}")
     for name, curve in (("hf_trainer", trainer), ("project", project)):
         print(curve_line(name, curve))
     if reached:
@@ -278,8 +339,10 @@ def main() -> None:
     else:
         print(f"hf_trainer's final accuracy {target:.2%}: the project did not reach it "
               f"(final {project[-1]['val_mlm_acc']:.2%})")
+    downstream = finetune_both(args, work) if args.finetune_tasks else None
     write_json({"hf_trainer": trainer, "project": project, "target": target,
-                "project_reached_at_s": reached["elapsed_s"] if reached else None, "project_wall_s": project_wall})
+                "project_reached_at_s": reached["elapsed_s"] if reached else None, "project_wall_s": project_wall,
+                "downstream": downstream})
     if args.plot:
         import matplotlib
         matplotlib.use("Agg")
