@@ -549,10 +549,17 @@ def test_train_examples_are_stratified_fixed_nested_and_recorded(tmp_path, run30
     assert abs(small_.train.labels.count("democrat") - 100 * share) <= 1
     assert tasks.sample_train(party, 100).train.texts == small_.train.texts
     assert set(small_.train.texts) <= set(large.train.texts) and small_.dev is party.dev
-    result = run_finetune("--model", run30, "--task", "embedded:party", "--train-examples", 60, *FAST,
+    result = run_finetune("--model", run30, "--task", "embedded:party", "--train-examples", 60, "--random-init", *FAST,
                           json_out=tmp_path / "r.json")
     assert result["train_size"] == 60 and result["train_examples"]["of"] == len(party.train)
     assert "60 of 2470, stratified" in capsys.readouterr().out
+    # the gain curve reads it: tokens from the model's pretraining record, the label count, the gain
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gain_curve
+    row, = gain_curve.load_rows([tmp_path / "r.json"], seq_len=128)
+    assert row["tokens"] == result["pretraining"]["samples"] * 128 > 0 and row["train_size"] == 60
+    assert row["gain_points"] == round(100 * (result["median"] - result["random_init"]["median"]), 2)
+    assert "| party | 60 |" in gain_curve.table([row])
     for n, expected in ((0, "--train-examples 0: give a count from 2"), (1, "each needs a row"),
                         (99999, "training split's 2470 rows")):
         with pytest.raises(SystemExit) as stop:
