@@ -59,6 +59,7 @@ from commodity_bert.train.launch_checks import (
     check_against_device,
     check_data_against_model,
     check_deepspeed_config,
+    check_vocabulary_against_source,
     load_deepspeed_config,
 )
 from commodity_bert.train.metrics import MetricsLogger, without_our_monitors
@@ -277,10 +278,11 @@ def main(argv: list[str] | None = None) -> None:
         source = Path(args.init_from)
         weights = source / "hf_model" if (source / "hf_model").is_dir() else source
         try:
-            if any(weights.glob("*.safetensors")):
+            if any(weights.glob("*.safetensors")) or any(weights.glob("pytorch_model*.bin")):
                 hf_model = load_pretrained(weights, nsp=manifest["nsp"])
                 model_config = hf_model.config  # the architecture is the source's
                 check_data_against_model(manifest, model_config, args.data)
+                check_vocabulary_against_source(manifest, args.data, weights)
             elif checkpoint.latest(source) or checkpoint.latest(source / "checkpoints"):
                 init_checkpoint = source if checkpoint.latest(source) else source / "checkpoints"
             else:

@@ -5,7 +5,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from commodity_bert.data.shard_format import ShardFormatError
@@ -43,8 +45,9 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
                         "those, directories of them, a HF dataset saved to disk, or embedded:sotu")
     p.add_argument("--text-field", default="text", help="text field of .jsonl / parquet / HF datasets")
     p.add_argument("--hf-split", default="train", help="split of a saved HF DatasetDict")
-    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=True,
-                   help="lower-case and strip accents (uncased BERT; default)")
+    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
+                   help="lower-case and strip accents (uncased BERT; the default, or what a --vocab model "
+                        "directory's tokenizer_config.json says)")
 
 
 def _corpus_sources() -> list[str]:
@@ -65,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("shards", help="make presorted, length-stratified HDF5 shards")
     _add_input_args(s)
     s.add_argument("--vocab", default="embedded:bert-base-uncased",
-                   help="vocab.txt (default: the embedded BERT-base uncased vocabulary)")
+                   help="vocab.txt, or a model directory holding one (a RUN, its hf_model, a Hugging Face BERT: "
+                        "its casing too), to continue pretraining that model (default: the embedded BERT-base "
+                        "uncased vocabulary)")
     s.add_argument("--seq-len", type=_positive, default=128)
     s.add_argument("--masking", choices=("static", "dynamic"), default="static",
                    help="static: mask now (dupe-factor copies); dynamic: store unmasked, training masks")
@@ -101,7 +106,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path) -> tuple[str, bool]:
+    """(vocab.txt, lowercase) for --vocab: a file as it is; a model directory (a RUN, its
+    hf_model, a Hugging Face BERT) gives its vocabulary (written into `scratch` when it has only a
+    tokenizer.json) and, unless --lowercase/--no-lowercase says, its casing, so shards made for
+    `train.py --init-from DIR` tokenize as that model was trained."""
+    from commodity_bert.data.vocab import model_vocabulary
+    path = Path(_embedded(spec))
+    if not path.is_dir():
+        return str(path), True if lowercase is None else lowercase
+    model = path / "hf_model" if (path / "hf_model").is_dir() else path
+    found = model_vocabulary(model)
+    if found is None:
+        raise PrepError(f"--vocab {spec}: a directory without vocab.txt or tokenizer.json; give a vocab.txt or a "
+                        f"model directory with its tokenizer")
+    tokens, model_lowercase = found
+    if (model / "vocab.txt").is_file():
+        vocab = model / "vocab.txt"
+    else:
+        vocab = scratch / "vocab.txt"
+        vocab.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return str(vocab), model_lowercase if lowercase is None else lowercase
+
+
 def _shards(args) -> None:
+    scratch = Path(tempfile.mkdtemp(prefix="bert-data-prep-vocab-"))
+    try:
+        vocab_path, args.lowercase = vocabulary_of(args.vocab, args.lowercase, scratch)
+        _run_shards(args, vocab_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_shards(args, vocab_path: str) -> None:
     from data_prep.pipeline import run_shards
     if args.seq_len < 8 or args.seq_len > 32767:
         raise PrepError(f"--seq-len {args.seq_len} is out of range; use 8 to 32767 (BERT: 128 or 512)")
@@ -119,7 +156,7 @@ def _shards(args) -> None:
          "num_shards": args.num_shards, "num_val_shards": args.num_val_shards,
          "val_fraction": args.val_fraction, "num_strata": args.strata,
          "text_field": args.text_field, "hf_split": args.hf_split},
-        vocab_path=_embedded(args.vocab), output=args.output, workers=args.workers)
+        vocab_path=vocab_path, output=args.output, workers=args.workers)
     train, val = manifest["splits"]["train"], manifest["splits"]["validation"]
     print(f"{args.output}: {train['samples']:,} training samples in {len(train['shards'])} shards, "
           f"{val['samples']:,} validation samples; padding {train['padding_fraction']:.1%}")
@@ -142,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "vocab":
             from data_prep.vocab_training import train_vocab
             vocab = train_vocab([_embedded(p) for p in args.input], args.output, args.vocab_size,
-                                args.lowercase, args.min_frequency, args.text_field, args.hf_split)
+                                True if args.lowercase is None else args.lowercase, args.min_frequency, args.text_field, args.hf_split)
             print(f"{args.output}: {len(vocab)} tokens, sha256 {vocab.sha256}")
             return 0
         if args.command == "shards":

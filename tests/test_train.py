@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 from conftest import (COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows,
-                      train, window_loss)
+                      run_cli, train, window_loss)
 
 from commodity_bert.model.bert import ModelConfigError, build_config
 from commodity_bert.train.launch_checks import LaunchError, check_data_against_model, check_deepspeed_config
@@ -146,6 +146,49 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
     train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", run30)
     fresh = rows(run30)[0]["loss"]  # first 5 steps from random weights
     assert rows(run)[0]["loss"] < fresh - 0.1
+
+
+def test_a_bin_only_bert_is_continued_on_shards_of_its_own_vocabulary_and_casing(tmp_path, data, sotu_small, run30):
+    """Domain adaptation from a Hugging Face BERT directory: weights as pytorch_model.bin only (no
+    safetensors) load; `bert-data-prep shards --vocab DIR` tokenizes with DIR's vocabulary and
+    casing; shards of another vocabulary (same size) or casing are refused in one line."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from commodity_bert.data.vocab import model_vocabulary
+    from commodity_bert.train.launch_checks import check_vocabulary_against_source
+    source = tmp_path / "bert_bin"
+    shutil.copytree(run30 / "hf_model", source)
+    for weights in list(source.glob("*.safetensors")):
+        torch.save(load_file(weights), source / "pytorch_model.bin")
+        weights.unlink()
+    run = tmp_path / "continued"
+    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", source)
+    assert rows(run)[0]["loss"] < rows(run30)[0]["loss"] - 0.1  # its weights, not random ones
+
+    # shards made with the directory as --vocab: its tokens, and its casing when none is given
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    cased = tmp_path / "cased_shards"
+    run_cli("shards", "--input", sotu_small, "--vocab", source, "--seq-len", 64, "--dupe-factor", 1, "--num-shards", 1,
+            "--workers", 1, "--output", cased)
+    manifest = load_manifest(cased)
+    tokens, lowercase = model_vocabulary(source)  # the export holds tokenizer.json, not vocab.txt
+    assert (cased / "vocab.txt").read_text().splitlines() == tokens and lowercase is False
+    assert manifest["vocab"]["lowercase"] is False
+    check_vocabulary_against_source(manifest, str(cased), source)  # they match: no error
+
+    manifest = load_manifest(data)  # lower-cased shards against the cased model
+    with pytest.raises(LaunchError) as error:
+        check_vocabulary_against_source(manifest, str(data), source)
+    assert "the model is cased but" in str(error.value) and f"--vocab {source}" in str(error.value)
+    tokens[200], tokens[201] = tokens[201], tokens[200]  # the same size, other ids (vocab.txt goes first)
+    (source / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    with pytest.raises(LaunchError) as error:
+        check_vocabulary_against_source(manifest, str(data), source)
+    assert "they differ from id 200" in str(error.value) and "\n" not in str(error.value)
 
 
 # ---- 1-bit LAMB (freeze_step 10 in the CPU config)

@@ -69,3 +69,28 @@ class Vocab:
         from tokenizers import BertWordPieceTokenizer
         return BertWordPieceTokenizer(str(self.path), lowercase=lowercase,
                                       strip_accents=lowercase)
+
+
+def model_vocabulary(directory: str | os.PathLike) -> tuple[list[str], bool] | None:
+    """(tokens in id order, lowercase) of a model directory's tokenizer (a RUN's hf_model, a
+    Hugging Face BERT): from vocab.txt where there is one, else from tokenizer.json's WordPiece
+    vocabulary (transformers 5 saves only that); casing from tokenizer_config.json's
+    do_lower_case (BERT's default, True, where it says nothing). None: no vocabulary there."""
+    import json
+    directory = Path(directory)
+    if (directory / "vocab.txt").is_file():
+        tokens = (directory / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    elif (directory / "tokenizer.json").is_file():
+        try:
+            by_id = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+            tokens = [token for token, _ in sorted(by_id.items(), key=lambda kv: kv[1])]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise VocabError(f"{directory}/tokenizer.json holds no WordPiece vocabulary ({exc}); a BERT "
+                             f"tokenizer's has one") from None
+    else:
+        return None
+    try:
+        lowercase = bool(json.loads((directory / "tokenizer_config.json").read_text()).get("do_lower_case", True))
+    except (OSError, ValueError):
+        lowercase = True
+    return tokens, lowercase

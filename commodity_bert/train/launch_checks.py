@@ -176,6 +176,30 @@ def check_freeze_step(params: dict) -> None:
         raise LaunchError(f"OneBitLamb freeze_window {window!r}: give a positive number of steps")
 
 
+def check_vocabulary_against_source(manifest: dict, data_dir: str, source: Path) -> None:
+    """A model to continue from (--init-from) and the shards must share their tokens, not only
+    their count: the same ids must mean the same word pieces, and the text must be cased as the
+    model was trained. Checked where the source has a tokenizer (an export, a Hugging Face BERT)."""
+    from commodity_bert.data.vocab import VocabError, model_vocabulary
+    try:
+        found = model_vocabulary(source)
+    except VocabError as exc:
+        raise LaunchError(f"--init-from {source}: {exc}") from None
+    if found is None:
+        return
+    theirs, model_lowercase = found
+    fix = f"make shards with its vocabulary: bert-data-prep shards --vocab {source} ..."
+    ours = (Path(data_dir) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if ours != theirs:
+        differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        raise LaunchError(f"--init-from {source}: its vocabulary ({len(theirs)} tokens) is not the one {data_dir} was "
+                          f"tokenized with ({len(ours)} tokens; they differ from id {differ}); {fix}")
+    lowercase = manifest["vocab"].get("lowercase", True)
+    if model_lowercase != lowercase:
+        raise LaunchError(f"--init-from {source}: the model is {'uncased' if model_lowercase else 'cased'} but "
+                          f"{data_dir} was made {'lower-cased' if lowercase else 'with its case kept'}; {fix}")
+
+
 def check_data_against_model(manifest: dict, model_config, data_dir: str) -> None:
     if manifest["seq_len"] > model_config.max_position_embeddings:
         raise LaunchError(f"{data_dir} has sequences of {manifest['seq_len']} tokens but the model has "
