@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Domain adaptation: continue pretraining a BERT on the unlabelled text of your task (its training
+# texts and text like them), then fine-tune it beside random init (Gururangan et al. 2020, "Don't
+# Stop Pretraining": task-adaptive pretraining). The model is a RUN, its hf_model, or a Hugging
+# Face BERT directory (safetensors or pytorch_model.bin, with its tokenizer); the shards are made
+# with that model's own vocabulary and casing (bert-data-prep shards --vocab MODEL), and train.py
+# refuses shards of another vocabulary in one line.
+#
+#   MODEL=runs/phase1 TEXT="task_texts.txt more_texts/" bash recipes/adapt.sh
+#   MODEL=... TEXT=... TASK=embedded:party bash recipes/adapt.sh      # and fine-tune at the end
+#
+#   MODEL, TEXT (required: bert-data-prep --input paths), OUT (default runs/adapt), STEPS (default
+#   500), LR (peak AdamW rate, default 1e-4: below pretraining's 1e-3, so the model is moved
+#   toward the domain rather than retrained), BATCH (sequences per rank and step, default 32),
+#   SEQ_LEN (default 128), RANKS (default 2), CONFIG (default: ds_configs/cpu_mini_adamw_{bf16,fp32}.json
+#   by the CPU), TASK (optional: a bert-finetune task, e.g. embedded:party), FINETUNE_ARGS (more
+#   bert-finetune flags, e.g. "--train-examples 300 --seeds 1 2 3", or your own task's "--train
+#   train.csv --validation dev.csv" without TASK); the result goes to OUT/downstream.json.
+#   Re-running resumes the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${MODEL:?set MODEL to a RUN, an hf_model or a Hugging Face BERT directory}"
+: "${TEXT:?set TEXT to the unlabelled text of the task (files or directories bert-data-prep reads)}"
+VENV=${VENV:-.venv}
+PY=$VENV/bin/python
+OUT=${OUT:-runs/adapt}
+STEPS=${STEPS:-500}
+LR=${LR:-1e-4}
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi
+CONFIG=${CONFIG:-ds_configs/cpu_mini_adamw_$PRECISION.json}
+mkdir -p "$OUT"
+# shellcheck disable=SC2086  # TEXT is a list of inputs
+[ -f "$OUT/shards/manifest.json" ] || $PY -m data_prep shards --input $TEXT --vocab "$MODEL" \
+    --seq-len "${SEQ_LEN:-128}" --no-nsp --masking dynamic --num-shards "${RANKS:-2}" --val-fraction 0.02 \
+    --output "$OUT/shards"
+# the config's recipe at this run's rate and length: warm-up over the first 10%, decay to 0 at STEPS
+$PY - "$CONFIG" "$OUT/ds_config.json" "$LR" "$STEPS" "${BATCH:-32}" <<'EOF'
+import json, sys
+source, target, lr, steps, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+config = json.load(open(source))
+config["train_micro_batch_size_per_gpu"] = batch
+config["optimizer"]["params"]["lr"] = lr
+config["scheduler"]["params"].update({"warmup_max_lr": lr, "warmup_num_steps": max(1, steps // 10),
+                                      "total_num_steps": steps})
+json.dump(config, open(target, "w"), indent=1)
+EOF
+echo "adapting $MODEL: $STEPS steps at lr $LR on $OUT/shards ($PRECISION)"
+"$VENV/bin/deepspeed" --num_gpus "${RANKS:-2}" train.py --deepspeed_config "$OUT/ds_config.json" \
+    --data "$OUT/shards" --init-from "$MODEL" --output-dir "$OUT/run" --max-steps "$STEPS" \
+    --log-every 50 --eval-every "$(( STEPS / 5 > 0 ? STEPS / 5 : 1 ))" --num-workers 1 2>&1 \
+    | grep --line-buffered -E '^(step|done|stopping|warning|left the)|error|Error'
+if [ -n "${TASK:-}${FINETUNE_ARGS:-}" ]; then
+    # shellcheck disable=SC2086  # a list of flags
+    $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} --random-init --quiet \
+        --json "$OUT/downstream.json" ${FINETUNE_ARGS:-}
+fi
