@@ -49,9 +49,10 @@ def tokens_label(tokens: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
-    lines = ["| task | labels | tokens | pretrained median [min–max] (lr) | random init [min–max] (lr) | gain | "
-             "probe: pretrained / random | bag of words |", "|---|---:|---:|---|---|---:|---|---:|"]
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f}"
+    lines = [("| task | labels | tokens | pretrained median [min–max] (lr) | random init [min–max] (lr) | gain | "
+              "probe: pretrained / random | bag of words |"), "|---|---:|---:|---|---|---:|---|---:|"]
     for r in rows:
         p, q = r["pretrained"], r["random_init"]
         probe = f"{pct(r['probe'])} / {pct(r['random_probe'])}" if r["probe"] is not None else "–"

@@ -199,7 +199,7 @@ def fortunes(root: Path) -> Iterator[Document]:
         if path.suffix or not path.is_file():
             continue  # .dat indexes and .u8 links
         entries = path.read_text(encoding="utf-8", errors="replace").split("\n%\n")
-        quotes = (" ".join(re.sub(r"\n\s*--.*$", "", e, flags=re.S).split()) for e in entries)
+        quotes = (" ".join(re.sub(r"\n\s*--.*$", "", e, flags=re.DOTALL).split()) for e in entries)
         yield from grouped(quotes)
 
 
@@ -344,7 +344,7 @@ def fetch(source: Source, cache: Path) -> tuple[Path, str]:
                         f"packages); leave it out with --sources")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         for spec in (f"{source.package}={source.version}", source.package):
-            done = subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True)
+            done = subprocess.run(["apt-get", "download", spec], cwd=tmp, capture_output=True, text=True, check=False)
             if done.returncode == 0:
                 break
         else:

@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, say
-from parts import run_part, write_json  # noqa: E402
+from parts import run_part, write_json
 
 PARTS = ("correctness", "speed", "profile", "model", "fused_lamb")
 # seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
