@@ -566,3 +566,24 @@ def test_train_examples_are_stratified_fixed_nested_and_recorded(tmp_path, run30
             finetune_main(["--model", str(run30), "--task", "embedded:party", "--train-examples", str(n)])
         err = capsys.readouterr().err.strip().splitlines()
         assert stop.value.code == 2 and len(err) == 1 and expected in err[0], (n, err)
+
+
+def test_head_lr_gives_the_classifier_its_own_rate(run30, capsys):
+    """--head-lr: the classifier's weight and bias at that rate, every encoder parameter at --lr,
+    weight decay as before; a rate of 0 or less is one line."""
+    from dataclasses import replace
+
+    from commodity_bert.finetune import models, trainer
+    model = models.classifier(models.load(run30), 2, random_init=False)
+    hp = trainer.Hyperparameters(lr=3e-5, head_lr=1e-2)
+    rate = {id(p): (g["lr"], g["weight_decay"]) for g in trainer.parameter_groups(model, hp) for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert len(rate) == len(named)
+    assert rate[id(named["classifier.weight"])] == (1e-2, 0.01) and rate[id(named["classifier.bias"])] == (1e-2, 0.0)
+    assert {rate[id(p)][0] for n, p in named.items() if not n.startswith("classifier.")} == {3e-5}
+    same = trainer.parameter_groups(model, replace(hp, head_lr=None))
+    assert {g["lr"] for g in same} == {3e-5}
+    with pytest.raises(SystemExit) as stop:
+        finetune_main(["--model", str(run30), "--task", "embedded:party", "--head-lr", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and "--head-lr must be positive" in err[0], err

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     hp.add_argument("--reinit-layers", type=int, default=0, metavar="N",
                     help="the pretrained model's top N encoder layers start from BERT's initialisation (Zhang et "
                          "al. 2020); default 0")
+    hp.add_argument("--head-lr", type=float, metavar="LR",
+                    help="the classifier head's own learning rate, whatever the encoder's (default: the same)")
     hp.add_argument("--batch-size", type=int, default=32)
     hp.add_argument("--max-seq-len", type=int, default=128)
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
@@ -123,6 +125,8 @@ def check_arguments(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if (args.lr != "auto" and args.lr <= 0) or any(lr <= 0 for lr in args.lr_grid or []):
         raise UsageError("--lr and --lr-grid must be positive")
+    if args.head_lr is not None and args.head_lr <= 0:
+        raise UsageError("--head-lr must be positive")
     if args.min_steps < 0:
         raise UsageError("--min-steps must be 0 or more")
     if args.threads is not None and args.threads <= 0:
@@ -173,7 +177,7 @@ def hyperparameters(args, device):
                            max_seq_len=args.max_seq_len, warmup_fraction=args.warmup_fraction,
                            weight_decay=args.weight_decay, dropout=args.dropout,
                            precision=pick_precision(args.precision, device), min_steps=args.min_steps,
-                           pooling=args.pooling, reinit_layers=args.reinit_layers)
+                           pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr)
 
 
 def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
