@@ -90,6 +90,28 @@ def test_trainer_side_alone_stops_at_its_step_budget_and_keeps_a_loadable_model(
     assert BertForMaskedLM.from_pretrained(final).config.hidden_size == 128
 
 
+def test_equal_tokens_gives_both_sides_one_recipe_over_the_same_steps(tmp_path, sotu_small):
+    """--sequences N: train.py takes N / micro-batch steps with ds_configs/cpu_mini_adamw_bf16.json's
+    AdamW, its schedule spanning exactly those steps, and the Trainer side is set to the same
+    rate, beta2, epsilon, steps and linear schedule (its step budget: the test above)."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "project", "--model", "tiny",
+                           "--input", sotu_small, "--sequences", "64", "--micro-batch", "8", "--project-eval-every", "8",
+                           "--work", str(tmp_path / "work"), "--json", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["project"][-1]["step"] == 8
+    recipe = json.loads((REPO / "ds_configs" / "cpu_mini_adamw_bf16.json").read_text())
+    config = json.loads((tmp_path / "work" / "project" / "ds_config.json").read_text())
+    assert config["optimizer"] == recipe["optimizer"]
+    assert config["scheduler"]["params"]["total_num_steps"] == 8 and config["scheduler"]["params"]["warmup_num_steps"] == 1
+    args = result["args"]
+    params = recipe["optimizer"]["params"]
+    assert (args["hf_lr"], args["hf_beta2"], args["hf_eps"], args["hf_steps"], args["hf_schedule"]) == (
+        params["lr"], params["betas"][1], params["eps"], 8, "linear")
+
+
 def test_a_decaying_trainer_schedule_without_a_step_budget_is_refused_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "hf_trainer", "--hf-schedule",
                            "linear", "--work", str(tmp_path / "work")], cwd=REPO, capture_output=True, text=True,
