@@ -223,12 +223,13 @@ def finetune_both(args, work: Path) -> list[dict]:
             for side, model in models.items():
                 out = work / "downstream" / f"{side}_{task.replace(':', '_')}_{examples}.json"
                 cmd = [sys.executable, "-m", "commodity_bert.finetune", "--model", str(model), "--task", task,
-                       "--seeds", *map(str, args.finetune_seeds), "--lr-grid", *map(str, args.finetune_lr_grid),
+                       "--seeds", *map(str, args.finetune_seeds),
+                       *(["--lr-grid", *map(str, args.finetune_lr_grid)] if args.finetune_lr_grid else []),
                        "--quiet", "--json", str(out), *(["--random-init"] if side == "project" else []),
                        *([] if examples == "all" else ["--train-examples", examples])]
                 proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
                 if proc.returncode:
-                    raise SystemExit(f"bert-finetune failed: {proc.stderr.strip().splitlines()[-1:]}")
+                    raise SystemExit(f"bert-finetune failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
                 result = json.loads(out.read_text())
                 arms = [(side, result)] + ([("random_init", result["random_init"])] if result.get("random_init") else [])
                 for arm, r in arms:
@@ -265,7 +266,9 @@ def main() -> None:
     parser.add_argument("--finetune-examples", nargs="+", default=["300", "all"],
                         help="label counts (bert-finetune --train-examples), or all")
     parser.add_argument("--finetune-seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--finetune-lr-grid", type=float, nargs="+", default=[3e-4, 1e-3])
+    # bert-finetune's own grid by default: the pretrained arm chose its smallest rate, 3e-5, in 3
+    # of the gain curve's 5 cells (RESULTS.md, fourth session of 2026-11-27), which 3e-4 1e-3 lacks
+    parser.add_argument("--finetune-lr-grid", type=float, nargs="+", help="default: bert-finetune's own")
     parser.add_argument("--sides", default="project,hf_trainer", help="which sides to run, comma-separated")
     parser.add_argument("--eval-every-s", type=float, default=60.0)
     parser.add_argument("--project-eval-every", type=int, default=25, help="train.py evaluates every N steps")

@@ -174,22 +174,16 @@ def _osis_text(markup: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", " ", markup))
 
 
-def dictd(path: str, strip_braces: bool = True) -> Callable[[Path], Iterator[Document]]:
-    """A dictd database (.dict.dz is gzip): headwords, tags and cross-references go; the prose
-    paragraphs of the entries stay, grouped into documents."""
+def gzip_entries(path: str, dictd_markup: bool = True) -> Callable[[Path], Iterator[Document]]:
+    """A gzip text of entries (a dictd database's .dict.dz, the Jargon File): with `dictd_markup`,
+    dictd's cross-reference braces and <tags> go; the prose paragraphs of the entries stay,
+    grouped into documents."""
     def read(root: Path) -> Iterator[Document]:
         text = gzip.decompress((root / path).read_bytes()).decode("utf-8", errors="replace")
-        if strip_braces:
-            text = re.sub(r"[{}]", "", text)
-        text = re.sub(r"<[a-z ,/-]+>", " ", text)
+        if dictd_markup:
+            text = re.sub(r"<[a-z ,/-]+>", " ", re.sub(r"[{}]", "", text))
         yield from grouped(iter(paragraphs(text)))
     return read
-
-
-def jargon(root: Path) -> Iterator[Document]:
-    text = gzip.decompress((root / "usr/share/doc/jargon-text/jargon.txt.gz").read_bytes()).decode(
-        "utf-8", errors="replace")
-    yield from grouped(iter(paragraphs(text)))
 
 
 def fortunes(root: Path) -> Iterator[Document]:
@@ -286,11 +280,12 @@ SOURCES = [
            "English)", "usr/share/sword/modules/texts/ztext/engWEB2015eb/",
            sword("usr/share/sword/modules/texts/ztext/engWEB2015eb")),
     Source("jargon_file", "debian", "jargon-text", "4.4.7-4.1", "public domain", "glossary and essays "
-           "(hacker culture)", "usr/share/doc/jargon-text/jargon.txt.gz", jargon),
+           "(hacker culture)", "usr/share/doc/jargon-text/jargon.txt.gz",
+           gzip_entries("usr/share/doc/jargon-text/jargon.txt.gz", dictd_markup=False)),
     Source("devils_dictionary", "debian", "dict-devil", "1.0-13.1", "public domain", "satire (Bierce, 1911)",
-           "usr/share/dictd/devil.dict.dz", dictd("usr/share/dictd/devil.dict.dz")),
+           "usr/share/dictd/devil.dict.dz", gzip_entries("usr/share/dictd/devil.dict.dz")),
     Source("foldoc", "debian", "dict-foldoc", "20230119-1", "GFDL", "encyclopedia (computing)",
-           "usr/share/dictd/foldoc.dict.dz", dictd("usr/share/dictd/foldoc.dict.dz")),
+           "usr/share/dictd/foldoc.dict.dz", gzip_entries("usr/share/dictd/foldoc.dict.dz")),
     Source("fortunes", "debian", "fortunes", "1:1.99.1-7.3", "BSD (the program); quotations of mixed origin",
            "quotations and short dialogue", "usr/share/games/fortunes/*", fortunes),
     Source("linux_docs", "debian", "linux-doc-6.1", "6.1.192-2", "GPL-2", "technical manual",

@@ -79,11 +79,8 @@ def prepare(carry: Path, corpus: Path | None = None) -> dict:
 
     data_tmp = carry / "data.tmp"
     shutil.rmtree(data_tmp, ignore_errors=True)
-    # seq 128, dynamic masking (each pass over the corpus masks anew: part c passes many times),
-    # no NSP, the embedded BERT-base vocabulary (what users pretrain with; MFU counts its head)
-    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--seq-len", "128",
-         "--masking", "dynamic", "--no-nsp", "--num-shards", "4", "--val-fraction", "0.02", "--seed", "1",
-         "--output", str(data_tmp)], cwd=REPO)
+    # the embedded BERT-base vocabulary: what users pretrain with; MFU counts its head
+    make_shards("embedded:sotu", data_tmp)
     shutil.rmtree(carry / "data", ignore_errors=True)
     data_tmp.rename(carry / "data")
     # the rehearsal's: the same text with a 2,048-token vocabulary, so that `tiny`'s checkpoints
@@ -93,9 +90,8 @@ def prepare(carry: Path, corpus: Path | None = None) -> dict:
     rehearsal_tmp.mkdir()
     run([sys.executable, "-m", "data_prep", "vocab", "--input", "embedded:sotu", "--vocab-size", "2048",
          "--output", str(rehearsal_tmp / "vocab.txt")], cwd=REPO)
-    run([sys.executable, "-m", "data_prep", "shards", "--input", "embedded:sotu", "--vocab", str(rehearsal_tmp / "vocab.txt"),
-         "--seq-len", "128", "--masking", "dynamic", "--no-nsp", "--num-shards", "2", "--val-fraction", "0.02",
-         "--seed", "1", "--output", str(rehearsal_tmp / "shards")], cwd=REPO)
+    make_shards("embedded:sotu", rehearsal_tmp / "shards", "--vocab", str(rehearsal_tmp / "vocab.txt"),
+                num_shards="2")
     shutil.rmtree(carry / "rehearsal_data", ignore_errors=True)
     rehearsal_tmp.rename(carry / "rehearsal_data")
     if corpus is not None:
@@ -113,12 +109,18 @@ def prepare_corpus(carry: Path, corpus: Path) -> None:
         run([sys.executable, "-m", "data_prep", "corpus", "--output", str(corpus)], cwd=REPO)
     tmp = carry / "corpus.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    run([sys.executable, "-m", "data_prep", "shards", "--input", str(corpus / "corpus.txt"), "--seq-len", "128",
-         "--masking", "dynamic", "--no-nsp", "--num-shards", "4", "--val-fraction", "0.01", "--seed", "1",
-         "--output", str(tmp)], cwd=REPO)
+    make_shards(str(corpus / "corpus.txt"), tmp, val_fraction="0.01")
     shutil.copy(corpus / "manifest.json", tmp / "corpus_manifest.json")
     shutil.rmtree(carry / "corpus", ignore_errors=True)
     tmp.rename(carry / "corpus")
+
+
+def make_shards(text: str, output: Path, *extra: str, val_fraction: str = "0.02", num_shards: str = "4") -> None:
+    """The session's shards: seq 128, dynamic masking (each pass over the corpus masks anew: part c
+    passes many times), no NSP, seed 1; the BERT-base vocabulary unless `extra` names another."""
+    run([sys.executable, "-m", "data_prep", "shards", "--input", text, "--seq-len", "128", "--masking", "dynamic",
+         "--no-nsp", "--num-shards", num_shards, "--val-fraction", val_fraction, "--seed", "1", *extra,
+         "--output", str(output)], cwd=REPO)
 
 
 def run(cmd: list[str], cwd: Path | None = None) -> None:

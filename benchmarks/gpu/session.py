@@ -72,6 +72,8 @@ MODEL_OVERHEAD_S = 60  # the probe, the model's start, its evaluations and the p
 
 def run_plan(args) -> int:
     kind = "rehearse" if args.rehearse else "gpu"
+    if args.model_minutes is not None and args.model_minutes <= 0:
+        raise SystemExit(f"session.py: error: --model-minutes {args.model_minutes}: give a positive number")
     caps = dict(CAPS[kind])
     if args.model_minutes:
         caps["model"] = round(args.model_minutes * 60 * 1.1 + 20 + MODEL_OVERHEAD_S)  # part_model's --time-budget, then the packing
@@ -93,10 +95,10 @@ def run_plan(args) -> int:
     if kind == "gpu" and plan_s > limit_s:  # the rehearsal's caps only guard a CPU's slow day
         raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {limit_s} s"
                          + ("; give a smaller --model-minutes or fewer parts (--only)" if args.model_minutes else ""))
-    model_data = Path(args.carry) / (args.model_data or "data")
-    if args.model_minutes is not None and args.model_minutes <= 0:
-        raise SystemExit(f"session.py: error: --model-minutes {args.model_minutes}: give a positive number")
-    if "model" in parts and (args.model_data or not args.rehearse) and not (model_data / "manifest.json").is_file():
+    # part c's shards: --model-data's; else the session's own (the rehearsal's small ones there)
+    model_data = Path(args.carry) / args.model_data if args.model_data else (
+        None if args.rehearse else Path(args.carry) / "data")
+    if "model" in parts and model_data is not None and not (model_data / "manifest.json").is_file():
         raise SystemExit(f"session.py: error: --model-data {args.model_data}: no shards in {model_data}; "
                          f"run: python benchmarks/gpu/session.py prepare")
     log = (out / "session.log").open("a")
@@ -105,8 +107,8 @@ def run_plan(args) -> int:
         started = time.perf_counter()
         result_file = work / f"{part}.json"
         data = Path(args.carry) / ("rehearsal_data/shards" if args.rehearse else "data")
-        if part == "model" and (args.model_data or not args.rehearse):
-            data = model_data  # the rehearsal's model reads its small shards unless told
+        if part == "model" and model_data is not None:
+            data = model_data
         # a parent run without site (the rehearsal's stand-in for the device, where the project is
         # not installed) starts its children so too
         cmd = [sys.executable, *(["-S"] if sys.flags.no_site else []), str(Path(__file__).resolve()), "part", part,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
+from commodity_bert.data.vocab import VocabError, model_vocabulary
 from commodity_bert.optim.build import (
     DEEPSPEED_BUILT,
     LAMB_IMPLEMENTATIONS,
@@ -180,7 +181,6 @@ def check_vocabulary_against_source(manifest: dict, data_dir: str, source: Path)
     """A model to continue from (--init-from) and the shards must share their tokens, not only
     their count: the same ids must mean the same word pieces, and the text must be cased as the
     model was trained. Checked where the source has a tokenizer (an export, a Hugging Face BERT)."""
-    from commodity_bert.data.vocab import VocabError, model_vocabulary
     try:
         found = model_vocabulary(source)
     except VocabError as exc:
