@@ -8,8 +8,11 @@
 #
 #   MODEL=runs/phase1 TEXT="task_texts.txt more_texts/" bash recipes/adapt.sh
 #   MODEL=... TEXT=... TASK=embedded:party bash recipes/adapt.sh      # and fine-tune at the end
+#   MODEL=... TASK=embedded:party bash recipes/adapt.sh               # on the task's training texts
 #
-#   MODEL, TEXT (required: bert-data-prep --input paths), OUT (default runs/adapt), STEPS (default
+#   MODEL (required), TEXT (bert-data-prep --input paths; required unless TASK is set: a TASK's
+#   training texts, all of them, never its dev split, are always added, written by bert-finetune
+#   --write-train-text to OUT/task_train.txt), OUT (default runs/adapt), STEPS (default
 #   500), LR (peak AdamW rate, default 1e-4: below pretraining's 1e-3, so the model is moved
 #   toward the domain rather than retrained), BATCH (sequences per rank and step, default 32),
 #   SEQ_LEN (default 128), RANKS (default 2), CONFIG (default: ds_configs/cpu_mini_adamw_{bf16,fp32}.json
@@ -20,7 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL:?set MODEL to a RUN, an hf_model or a Hugging Face BERT directory}"
-: "${TEXT:?set TEXT to the unlabelled text of the task (files or directories bert-data-prep reads)}"
+: "${TEXT:=}"
+[ -n "$TEXT${TASK:-}" ] || { echo "adapt.sh: set TEXT to the unlabelled text of the task (files or directories bert-data-prep reads) or TASK to an embedded task" >&2; exit 2; }
 VENV=${VENV:-.venv}
 PY=$VENV/bin/python
 OUT=${OUT:-runs/adapt}
@@ -29,6 +33,10 @@ LR=${LR:-1e-4}
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi
 CONFIG=${CONFIG:-ds_configs/cpu_mini_adamw_$PRECISION.json}
 mkdir -p "$OUT"
+if [ -n "${TASK:-}" ]; then
+    [ -f "$OUT/task_train.txt" ] || $PY -m commodity_bert.finetune --task "$TASK" --write-train-text "$OUT/task_train.txt"
+    TEXT="$TEXT $OUT/task_train.txt"
+fi
 # shellcheck disable=SC2086  # TEXT is a list of inputs
 [ -f "$OUT/shards/manifest.json" ] || $PY -m data_prep shards --input $TEXT --vocab "$MODEL" \
     --seq-len "${SEQ_LEN:-128}" --no-nsp --masking dynamic --num-shards "${RANKS:-2}" --val-fraction 0.02 \

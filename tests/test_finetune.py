@@ -587,3 +587,58 @@ def test_head_lr_gives_the_classifier_its_own_rate(run30, capsys):
         finetune_main(["--model", str(run30), "--task", "embedded:party", "--head-lr", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "--head-lr must be positive" in err[0], err
+
+
+def test_write_train_text_is_the_training_split_only_one_document_each(tmp_path, capsys):
+    """--write-train-text: the unlabelled text recipes/adapt.sh pretrains on is the training split
+    (the --train-examples rows where given), one document per example, never a dev text; a bad
+    path is one line and leaves nothing behind."""
+    party = tasks.embedded_party()
+    out = tmp_path / "party.txt"
+    finetune_main(["--task", "embedded:party", "--write-train-text", str(out)])
+    documents = [d for d in out.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    assert documents == [" ".join(t.split()) for t in party.train.texts]
+    assert not set(documents) & {" ".join(t.split()) for t in party.dev.texts}
+    assert f"{len(party.train):,} training texts" in capsys.readouterr().out
+    finetune_main(["--task", "embedded:party", "--train-examples", "100", "--write-train-text", str(out)])
+    assert len([d for d in out.read_text(encoding="utf-8").split("\n\n") if d.strip()]) == 100
+    for args, expected in (([str(tmp_path / "missing" / "t.txt")], "no directory"), ([str(tmp_path)], "a directory"),
+                           ([str(out), "--model", str(tmp_path)], "takes no --model")):
+        with pytest.raises(SystemExit) as stop:
+            finetune_main(["--task", "embedded:party", "--write-train-text", *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and expected in err[0], (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["party.txt"]
+
+
+def test_head_init_probe_starts_the_head_as_the_probe_on_frozen_features(run30, small):
+    """--head-init probe: before the first step the classifier gives the probabilities of a
+    cross-validated logistic regression on the frozen pooled features (the standardisation
+    folded into the linear layer), for two labels (one logit split in two) and for three."""
+    import numpy as np
+    import torch
+    from sklearn.linear_model import LogisticRegressionCV
+
+    from commodity_bert.finetune import models, trainer
+    pretrained = models.load(run30)
+    rows = small["train"][:150]
+    texts = [r["text"] for r in rows]
+    terciles = np.quantile([len(t) for t in texts], [1 / 3, 2 / 3])
+    for labels in ([r["label"] for r in rows], [f"length {int(np.searchsorted(terciles, len(t)))}" for t in texts]):
+        task = tasks.Task("t", "accuracy", tasks.Split(texts, labels), tasks.Split(texts[:10], labels[:10]),
+                          label_names=sorted(set(labels)))
+        train, _, _ = trainer.encode(task, pretrained.tokenizer, 64, None)
+        trainer.seed_everything(1)
+        model = models.classifier(pretrained, len(task.label_names), random_init=False)
+        pad = pretrained.tokenizer.pad_token_id
+        trainer.fit_head_to_probe(model, train, pad, "cpu", len(task.label_names))
+        model.eval()
+        batch = trainer._collate(train, list(range(len(train))), pad, "cpu")
+        with torch.no_grad():
+            x = model.features(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).double().numpy()
+            head = torch.softmax(model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).double(), -1)
+        probe = LogisticRegressionCV(Cs=trainer.PROBE_CS, cv=5, scoring="neg_log_loss", max_iter=2000)
+        scaled = (x - x.mean(0)) / (x.std(0) + 1e-6)
+        expected = probe.fit(scaled, np.asarray(train.labels)).predict_proba(scaled)
+        assert np.abs(head.numpy() - expected).max() < 2e-3, task.label_names  # float32 head, float64 sklearn
+        assert expected.std(0).max() > 1e-3, "a probe that says the same for every row tests nothing"

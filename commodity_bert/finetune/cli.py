@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     task.add_argument("--train-examples", type=int, metavar="N",
                       help="fine-tune on N rows of the training split, stratified by label, the same rows for "
                            "every arm and seed (--lr auto holds its slice out of these N); default: all")
+    task.add_argument("--write-train-text", type=Path, metavar="FILE",
+                      help="write the task's training texts (with --train-examples, those rows), one document "
+                           "each, to FILE (.txt) for bert-data-prep, and exit: the unlabelled text recipes/adapt.sh "
+                           "continues pretraining on; never the dev split")
     hp = p.add_argument_group("fine-tuning, the same for every task unless told")
     hp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     hp.add_argument("--epochs", type=float, default=3.0)
@@ -81,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "al. 2020); default 0")
     hp.add_argument("--head-lr", type=float, metavar="LR",
                     help="the classifier head's own learning rate, whatever the encoder's (default: the same)")
+    hp.add_argument("--head-init", choices=("fresh", "probe"), default="fresh",
+                    help="the classifier head starts fresh (default) or as a logistic regression on the frozen "
+                         "encoder's features of the training rows (linear probing then fine-tuning, Kumar et "
+                         "al. 2022), in every arm")
     hp.add_argument("--batch-size", type=int, default=32)
     hp.add_argument("--max-seq-len", type=int, default=128)
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
@@ -106,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_arguments(args) -> None:
-    if (args.model is None) == (args.watch is None):
+    if args.write_train_text is not None:
+        if args.model is not None or args.watch is not None:
+            raise UsageError("--write-train-text writes a task's text and exits; it takes no --model or --watch")
+    elif (args.model is None) == (args.watch is None):
         raise UsageError("give --model PATH (fine-tune it) or --watch RUN (probe a run's checkpoints), one of them")
     sources = [args.task is not None, args.glue is not None, args.train is not None or args.validation is not None]
     if sum(sources) != 1:
@@ -148,6 +159,23 @@ def load_task(args) -> Task:
     return task if args.train_examples is None else tasks.sample_train(task, args.train_examples)
 
 
+def write_train_text(task: Task, path: Path) -> None:
+    """The training split's texts as bert-data-prep's .txt (a blank line ends a document; a
+    sentence pair is one document of two lines), written to a temporary name and renamed."""
+    if path.is_dir():
+        raise UsageError(f"--write-train-text {path}: a directory; give a file name such as {path}/train.txt")
+    if not path.parent.is_dir():
+        raise UsageError(f"--write-train-text {path}: no directory {path.parent}; create it first")
+    pairs = task.train.pairs if getattr(task.train, "pairs", None) else [None] * len(task.train.texts)
+    temporary = path.with_name(path.name + ".partial")
+    with open(temporary, "w", encoding="utf-8") as fh:
+        for text, pair in zip(task.train.texts, pairs):
+            lines = [" ".join(text.split())] + ([" ".join(pair.split())] if pair else [])
+            fh.write("\n".join(line for line in lines if line) + "\n\n")
+    temporary.replace(path)
+    print(f"{path}: {len(task.train.texts):,} training texts of {task.name} (the dev split is not in it)")
+
+
 def pick_device(requested: str):
     import torch
     if requested == "auto":
@@ -177,7 +205,8 @@ def hyperparameters(args, device):
                            max_seq_len=args.max_seq_len, warmup_fraction=args.warmup_fraction,
                            weight_decay=args.weight_decay, dropout=args.dropout,
                            precision=pick_precision(args.precision, device), min_steps=args.min_steps,
-                           pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr)
+                           pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr,
+                           head_init=args.head_init)
 
 
 def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
@@ -300,6 +329,9 @@ def main(argv: list[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         check_arguments(args)
         task = load_task(args)  # before any model is read: a bad file is reported at once
+        if args.write_train_text is not None:
+            write_train_text(task, args.write_train_text)
+            return
     except (UsageError, TaskError) as exc:
         fail(str(exc))
     import torch
