@@ -611,6 +611,7 @@ def test_write_train_text_is_the_training_split_only_one_document_each(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["party.txt"]
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # scikit-learn 1.8's notices of coming changes
 def test_head_init_probe_starts_the_head_as_the_probe_on_frozen_features(run30, small):
     """--head-init probe: before the first step the classifier gives the probabilities of a
     cross-validated logistic regression on the frozen pooled features (the standardisation
