@@ -166,7 +166,7 @@ def write_train_text(task: Task, path: Path) -> None:
         raise UsageError(f"--write-train-text {path}: a directory; give a file name such as {path}/train.txt")
     if not path.parent.is_dir():
         raise UsageError(f"--write-train-text {path}: no directory {path.parent}; create it first")
-    pairs = task.train.pairs if getattr(task.train, "pairs", None) else [None] * len(task.train.texts)
+    pairs = task.train.pairs or [None] * len(task.train.texts)
     temporary = path.with_name(path.name + ".partial")
     with open(temporary, "w", encoding="utf-8") as fh:
         for text, pair in zip(task.train.texts, pairs):
