@@ -2,7 +2,8 @@
 by label count, against random init and a bag of words, from bert-finetune's JSON results.
 
 Each input is one `bert-finetune --json` result (one model, one task, one --train-examples N,
-several seeds, with --random-init). The model's processed tokens come from the result's
+several seeds, with --random-init, or without it where another input of the same task, rows, seeds
+and recipe has that arm: random init is computed once per task and N). The model's processed tokens come from the result's
 `pretraining` record (sequences × --seq-len); the label count from `train_size`. One table row
 per (task, N, tokens): the pretrained median [min–max], random init's, the gain in points, the
 frozen-feature probe beside random features', and the bag of words. The plot: one panel per
@@ -19,17 +20,41 @@ import sys
 from pathlib import Path
 
 
+# the fine-tuning settings two results must share for one's random-init arm to stand for the
+# other's; a setting a result predates is read at today's default
+SAME_RECIPE = {"epochs": None, "lr": None, "batch_size": None, "max_seq_len": None, "warmup_fraction": None,
+               "weight_decay": None, "dropout": None, "max_grad_norm": None, "precision": None, "min_steps": None,
+               "pooling": None, "reinit_layers": 0, "head_lr": None, "head_init": "fresh"}
+
+
+def random_init_key(result: dict) -> str:
+    """What a random-init arm depends on: the task, the rows (--train-examples and its draw), the
+    seeds, the fine-tuning recipe. Random init does not depend on the pretrained model, so one
+    arm per key is computed once and serves every model of the curve."""
+    recipe = {k: result.get("hyperparameters", {}).get(k, default) for k, default in SAME_RECIPE.items()}
+    return json.dumps([result["task"], result.get("train_examples"), [s["seed"] for s in result["per_seed"]], recipe],
+                      sort_keys=True)
+
+
 def load_rows(paths: list[Path], seq_len: int) -> list[dict]:
+    """One row per result. A result fine-tuned without --random-init takes the random-init arm
+    (and random features' probe) of another input with the same task, rows, seeds and recipe."""
+    results = {path: json.loads(path.read_text()) for path in paths}
+    arms = {random_init_key(r): (path, r) for path, r in results.items() if r.get("random_init")}
     rows = []
-    for path in paths:
-        result = json.loads(path.read_text())
-        if not result.get("random_init"):
-            raise SystemExit(f"gain_curve.py: error: {path} has no random-init arm; run bert-finetune with --random-init")
+    for path, result in results.items():
+        random_source, random_result = (path, result) if result.get("random_init") else \
+            arms.get(random_init_key(result), (None, None))
+        if random_result is None:
+            raise SystemExit(f"gain_curve.py: error: {path} has no random-init arm and no other input has one for "
+                             f"its task, rows, seeds and recipe; run bert-finetune with --random-init once for them")
         samples = (result.get("pretraining") or {}).get("samples")
         if not samples:
             raise SystemExit(f"gain_curve.py: error: {path}: its model records no pretraining samples "
                              f"(an exported RUN/hf_model or checkpoint has them)")
-        random_init, probe = result["random_init"], result.get("linear_probe") or {}
+        random_init = random_result["random_init"]
+        probe = {**(result.get("linear_probe") or {}),
+                 "random_init": (random_result.get("linear_probe") or {}).get("random_init")}
         rows.append({
             "task": result["task"], "train_size": result["train_size"],
             "all_labels": result.get("train_examples") is None, "tokens": samples * seq_len,
@@ -40,7 +65,7 @@ def load_rows(paths: list[Path], seq_len: int) -> list[dict]:
             "probe": (probe.get("pretrained") or {}).get("value"),
             "random_probe": (probe.get("random_init") or {}).get("value"),
             "bag_of_words": result["bag_of_words"]["value"], "seeds": len(result["per_seed"]),
-            "model": result["model"], "source": str(path)})
+            "model": result["model"], "source": str(path), "random_init_source": str(random_source)})
     return sorted(rows, key=lambda r: (r["task"], r["train_size"], r["tokens"]))
 
 

@@ -560,6 +560,15 @@ def test_train_examples_are_stratified_fixed_nested_and_recorded(tmp_path, run30
     assert row["tokens"] == result["pretraining"]["samples"] * 128 > 0 and row["train_size"] == 60
     assert row["gain_points"] == round(100 * (result["median"] - result["random_init"]["median"]), 2)
     assert "| party | 60 |" in gain_curve.table([row])
+    # random init computed once per task and N: a later model's result without the arm borrows it
+    later = {**result, "pretraining": {**result["pretraining"], "samples": 2 * result["pretraining"]["samples"]}}
+    del later["random_init"]
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    first, second = gain_curve.load_rows([tmp_path / "r.json", tmp_path / "later.json"], seq_len=128)
+    assert second["random_init"] == first["random_init"] and second["random_init_source"] == str(tmp_path / "r.json")
+    (tmp_path / "other_seeds.json").write_text(json.dumps({**later, "per_seed": later["per_seed"][:1]}))
+    with pytest.raises(SystemExit, match="no random-init arm"):
+        gain_curve.load_rows([tmp_path / "r.json", tmp_path / "other_seeds.json"], seq_len=128)
     for n, expected in ((0, "--train-examples 0: give a count from 2"), (1, "each needs a row"),
                         (99999, "training split's 2470 rows")):
         with pytest.raises(SystemExit) as stop:
