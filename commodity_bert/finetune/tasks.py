@@ -3,7 +3,8 @@ training and a dev split, the label set and the task's metric.
 
 Three sources: the user's files (CSV/TSV with a header, JSONL, a `datasets` dataset saved with
 `save_to_disk`), GLUE's own TSV layout (`--glue TASK DIR`), and the embedded tasks (sentence
-polarity of movie reviews; the party of a 2012 US convention speaker from one paragraph).
+polarity of movie reviews; the party of a 2012 US convention speaker from one paragraph; whether
+a Wikipedia sentence supports, refutes or does not settle a claim, a sentence pair).
 Every problem with the input is a TaskError whose message is one line naming the problem and
 the fix."""
 from __future__ import annotations
@@ -23,6 +24,8 @@ POLARITY_NEUTRAL_BAND = 0.8  # |mean score| below this is dropped; SST-2's neutr
 PARTY_SOURCE = RESOURCES / "convention_2012_speeches.csv.xz"
 PARTY_MIN_WORDS = 5  # shorter paragraphs ("Thank you.") say nothing of a party
 PARTY_DEV_EVERY = 5  # every 5th speaker of each party, in name order, is a dev speaker
+VITAMINC_SOURCE = RESOURCES / "vitaminc_claims.jsonl.xz"
+VITAMINC_DEV_EVERY = 20  # every 20th Wikipedia page, in name order, is a dev page
 
 csv.field_size_limit(sys.maxsize)  # GLUE and user files hold long fields
 
@@ -339,7 +342,32 @@ def embedded_party() -> Task:
                           "dev_speakers": len(dev_speakers)})
 
 
-EMBEDDED = {"embedded:polarity": embedded_polarity, "embedded:party": embedded_party}
+def embedded_vitaminc() -> Task:
+    """A sentence pair: does a Wikipedia sentence (its page's title first, as the source gives it)
+    make a claim True, False, or leave it open (Neither)? VitaminC's contrastive pairs (Schuster et
+    al. 2021), from BIG-bench's copy (resources/README.md): most claims come twice, with two
+    revisions of one sentence that differ by a few words and give the claim different labels, so
+    neither text alone decides the label. Split by page: every VITAMINC_DEV_EVERY-th page, in
+    name order, is a dev page, so no claim and no sentence is on both sides."""
+    lines = _read_embedded(VITAMINC_SOURCE, "embedded:vitaminc").splitlines()
+    rows = []
+    for line in lines[1:]:  # the first line is BIG-bench's canary and where the file came from
+        example = json.loads(line)
+        context, claim = example["input"].split("\nClaim: ", 1)
+        rows.append((context.split(": ", 1)[0], context, claim, example["label"]))
+    dev_pages = set(sorted({page for page, *_ in rows})[::VITAMINC_DEV_EVERY])
+    train, dev = Split([], [], []), Split([], [], [])
+    for page, context, claim, label in rows:
+        split = dev if page in dev_pages else train
+        split.texts.append(context)
+        split.pairs.append(claim)
+        split.labels.append(label)
+    return finish("embedded:vitaminc", "accuracy", train, dev, "embedded:vitaminc", "embedded:vitaminc",
+                  source={"embedded": VITAMINC_SOURCE.name, "dev_pages": len(dev_pages)})
+
+
+EMBEDDED = {"embedded:polarity": embedded_polarity, "embedded:party": embedded_party,
+            "embedded:vitaminc": embedded_vitaminc}
 
 
 def embedded(name: str) -> Task:
