@@ -32,8 +32,9 @@ def random_init_key(result: dict) -> str:
     seeds, the fine-tuning recipe. Random init does not depend on the pretrained model, so one
     arm per key is computed once and serves every model of the curve."""
     recipe = {k: result.get("hyperparameters", {}).get(k, default) for k, default in SAME_RECIPE.items()}
-    return json.dumps([result["task"], result.get("train_examples"), [s["seed"] for s in result["per_seed"]], recipe],
-                      sort_keys=True)
+    folds = (result.get("selection") or {}).get("folds", 1)  # --lr-folds: how the rate was chosen
+    return json.dumps([result["task"], result.get("train_examples"), [s["seed"] for s in result["per_seed"]], recipe,
+                       folds], sort_keys=True)
 
 
 def load_rows(paths: list[Path], seq_len: int) -> list[dict]:

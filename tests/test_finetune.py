@@ -462,6 +462,13 @@ def test_held_out_slice_is_stratified_disjoint_and_fixed():
     tiny_fit, tiny_held = selection.held_out_slice([0, 1] * 30)
     assert len(tiny_held) == 15 and {labels for labels in (0, 1)} <= {([0, 1] * 30)[i] for i in tiny_fit}
     assert selection.choose({1e-4: 0.8, 1e-3: 0.9, 3e-3: 0.9}) == 1e-3  # a tie goes to the smaller rate
+    # --lr-folds 3: every row scored once, by a split that did not fit on it; each fold stratified
+    folds = selection.folds(labels, 3)
+    assert sorted(i for _, held in folds for i in held) == list(range(1000))
+    assert all(sorted(fit + held) == list(range(1000)) and not set(fit) & set(held) for fit, held in folds)
+    assert sorted(len(held) for _, held in folds) == [333, 333, 334]
+    assert all(abs(sum(labels[i] == 2 for i in held) - 50 / 3) < 1 for _, held in folds)
+    assert selection.folds(labels, 3) == folds
 
 
 def marked(rows, flip=False, noise=0.0):
@@ -549,7 +556,9 @@ def test_lr_flags_bad_values_are_one_line(tmp_path, capsys):
                            (["--lr", "1e-4", "--lr-grid", "1e-4", "1e-3"], "--lr-grid goes with --lr auto"),
                            (["--lr-grid", "1e-4", "-1"], "must be positive"),
                            (["--min-steps", "-5"], "--min-steps must be 0 or more"),
-                           (["--pooling", "max"], "invalid choice: 'max'")):
+                           (["--pooling", "max"], "invalid choice: 'max'"),
+                           (["--lr-folds", "0"], "--lr-folds 0: give 1 (one held-out slice) to 10 folds"),
+                           (["--lr", "1e-4", "--lr-folds", "3"], "--lr-folds goes with --lr auto")):
         with pytest.raises(SystemExit) as stop:
             finetune_main(["--model", str(tmp_path), "--task", "embedded:polarity", *args])
         err = capsys.readouterr().err.strip().splitlines()

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "on a held-out slice of the training data, for each arm")
     hp.add_argument("--lr-grid", type=float, nargs="+", help="rates --lr auto tries (default: 3e-5 1e-4 3e-4 1e-3 "
                     "for models narrower than BERT-base, else 3e-5 5e-5 1e-4 3e-4)")
+    hp.add_argument("--lr-folds", type=int, default=1, metavar="K",
+                    help="--lr auto scores each rate by K-fold cross-validation on the training rows (K "
+                         "fine-tunings a rate) instead of one held-out slice (default %(default)s: the slice)")
     hp.add_argument("--min-steps", type=int, default=200, help="at least this many optimizer steps (more "
                     "epochs for a small task; default %(default)s)")
     hp.add_argument("--pooling", choices=POOLINGS, default="mean",
@@ -136,6 +139,10 @@ def check_arguments(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if (args.lr != "auto" and args.lr <= 0) or any(lr <= 0 for lr in args.lr_grid or []):
         raise UsageError("--lr and --lr-grid must be positive")
+    if not 1 <= args.lr_folds <= 10:
+        raise UsageError(f"--lr-folds {args.lr_folds}: give 1 (one held-out slice) to 10 folds")
+    if args.lr_folds > 1 and args.lr != "auto":
+        raise UsageError("--lr-folds goes with --lr auto; a fixed --lr selects nothing")
     if args.head_lr is not None and args.head_lr <= 0:
         raise UsageError("--head-lr must be positive")
     if args.min_steps < 0:
@@ -210,7 +217,7 @@ def hyperparameters(args, device):
 
 
 def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, cache_dir: Path | None,
-             random_init: bool, progress: bool = True, lr_grid: list[float] | None = None) -> dict:
+             random_init: bool, progress: bool = True, lr_grid: list[float] | None = None, lr_folds: int = 1) -> dict:
     """Fine-tune over every seed (and the random-init baseline), each arm at its own chosen lr
     when hp.lr is None (auto); the result object of --json."""
     import torch
@@ -231,12 +238,13 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
     # the slice selection scores on: training rows only, the same for every arm
     fit_rows, held_rows = selection.held_out_slice(train.labels)
     grid = lr_grid or selection.default_grid(pretrained.config.hidden_size)
+    splits = selection.folds(train.labels, lr_folds) if lr_folds > 1 else [(fit_rows, held_rows)]
     rows = {}
     for name, from_random in (("pretrained", False),) + ((("random_init", True),) if random_init else ()):
         lr, trials = hp.lr, None
         if lr is None:
             lr, trials = selection.select_lr(pretrained, task, train, hp, grid, seeds[0], device, from_random,
-                                             progress, name, (fit_rows, held_rows))
+                                             progress, name, splits)
         chosen = replace(hp, lr=lr)
         rows[name] = {**trainer.summarise([trainer.finetune(pretrained, task, train, dev, seed, chosen, device,
                                                             from_random, progress) for seed in seeds]),
@@ -262,7 +270,7 @@ def evaluate(pretrained: Pretrained, task: Task, hp, seeds: list[int], device, c
             "linear_probe": probe,
             "representations": {"mean_cosine": cosine["pretrained"], "random_init_mean_cosine": cosine["random_init"],
                                 "collapsed": baselines.collapsed(cosine["pretrained"], cosine["random_init"])},
-            "selection": {"held_out": len(held_rows), "grid": grid if hp.lr is None else None,
+            "selection": {"held_out": len(held_rows), "folds": lr_folds, "grid": grid if hp.lr is None else None,
                           "seed": seeds[0], "from": "training split"},
             "random_init": rows.get("random_init"), "labels": [str(n) for n in task.label_names],
             "positive_label": None if task.positive_label is None else str(task.positive_label),
@@ -283,8 +291,11 @@ def collapse_warning(result: dict) -> str | None:
 
 def print_report(result: dict) -> None:
     hp = result["hyperparameters"]
+    folds = result["selection"].get("folds", 1)
+    scored = (f"by {folds}-fold cross-validation on the training examples" if folds > 1 else
+              f"on {result['selection']['held_out']} held-out training examples")
     lr = ("auto: the best of " + ", ".join(f"{g:g}" for g in result["selection"]["grid"]) +
-          f" on {result['selection']['held_out']} held-out training examples") if hp["lr"] == "auto" else f"{hp['lr']:g}"
+          f" {scored}") if hp["lr"] == "auto" else f"{hp['lr']:g}"
     steps = result["per_seed"][0]["steps"]
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     sampled = result.get("train_examples")
@@ -350,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         from commodity_bert.finetune import models
         pretrained = models.load(args.model)
         result = evaluate(pretrained, task, hp, args.seeds, device, cache_dir, args.random_init, not args.quiet,
-                          args.lr_grid)
+                          args.lr_grid, args.lr_folds)
     except (TaskError, ModelError) as exc:
         fail(str(exc))
     print_report(result)

@@ -12,6 +12,13 @@ random init alike) and keeps the best:
   and seed, drawn with a fixed generator); ties go to the smaller rate;
 - the chosen rate then fine-tunes every seed on the whole training split, scored on dev as a
   fixed --lr is. The dev set is read only there.
+
+With 1,000 rows the slice is 100 rows, and one fine-tuning per rate scored on 100 rows ranked
+the rates against the dev set's order often enough to move a result by 5 points (polarity,
+random init: 0.71 held out at 1e-4 against 0.63 at 1e-3; on dev 66.8% against 72.4%;
+benchmarks/RESULTS.md, sixth session of 2026-11-27). `--lr-folds K` scores each rate by K-fold
+cross-validation instead (`folds`): every training row is scored once, by a model that did not
+see it, at K times the selection's fine-tunings.
 """
 from __future__ import annotations
 
@@ -57,6 +64,28 @@ def held_out_slice(labels: list[int], fraction: float = SLICE_FRACTION) -> tuple
     return [i for i in range(n) if i not in held_set], sorted(held)
 
 
+def folds(labels: list[int], k: int) -> list[tuple[list[int], list[int]]]:
+    """k (rows to fit, rows to score) pairs whose scored rows partition the training rows, each
+    fold holding every label in proportion: each label's rows in one fixed shuffle, dealt to the
+    folds in turn, the turn carried on from label to label so the folds' sizes differ by at most
+    one."""
+    by_label: dict[int, list[int]] = defaultdict(list)
+    for i, label in enumerate(labels):
+        by_label[label].append(i)
+    rng = np.random.default_rng(SLICE_SEED)
+    scored: list[list[int]] = [[] for _ in range(k)]
+    turn = 0
+    for label in sorted(by_label):
+        for row in rng.permutation(by_label[label]).tolist():
+            scored[turn % k].append(row)
+            turn += 1
+    pairs = []
+    for held in scored:
+        held_set = set(held)
+        pairs.append(([i for i in range(len(labels)) if i not in held_set], sorted(held)))
+    return pairs
+
+
 def choose(trials: dict[float, float]) -> float:
     """The rate with the best held-out score; on a tie the smaller rate."""
     best = max(trials.values())
@@ -65,16 +94,20 @@ def choose(trials: dict[float, float]) -> float:
 
 def select_lr(pretrained, task, train, hp, grid: list[float], seed: int, device, random_init: bool,
               progress: bool = True, name: str = "pretrained",
-              split: tuple[list[int], list[int]] | None = None) -> tuple[float, dict[float, float]]:
-    """(the chosen rate, each rate's score on the held-out slice): one fine-tuning per rate,
-    with `seed`, on the training rows outside the slice. `train` is the task's encoded
-    training split; nothing of the dev split is passed in. `split`: held_out_slice's result,
-    where the caller has it already."""
+              splits: list[tuple[list[int], list[int]]] | None = None) -> tuple[float, dict[float, float]]:
+    """(the chosen rate, each rate's score): per rate, one fine-tuning with `seed` per split on
+    its rows to fit, scored on its held rows, the scores averaged over the splits. `train` is
+    the task's encoded training split; nothing of the dev split is passed in. `splits`: the held-out
+    slice alone (held_out_slice, the default) or `folds`."""
     from dataclasses import replace
 
     from commodity_bert.finetune import trainer
-    fit_rows, held_rows = split or held_out_slice(train.labels)
-    fit, held = train.subset(fit_rows), train.subset(held_rows)
-    trials = {rate: trainer.finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate), device, random_init,
-                                     progress, label=f"{name} lr {rate:g}")["value"] for rate in grid}
+    splits = splits or [held_out_slice(train.labels)]
+    parts = [(train.subset(fit_rows), train.subset(held_rows)) for fit_rows, held_rows in splits]
+    trials = {}
+    for rate in grid:
+        scores = [trainer.finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate), device, random_init,
+                                   progress, label=f"{name} lr {rate:g}" + (f" fold {k + 1}" if len(parts) > 1 else ""))
+                  ["value"] for k, (fit, held) in enumerate(parts)]
+        trials[rate] = round(sum(scores) / len(scores), 6)
     return choose(trials), trials
