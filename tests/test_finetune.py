@@ -592,7 +592,8 @@ def test_train_examples_are_stratified_fixed_nested_and_recorded(tmp_path, run30
     (tmp_path / "later.json").write_text(json.dumps(later))
     first, second = gain_curve.load_rows([tmp_path / "r.json", tmp_path / "later.json"], seq_len=128)
     assert second["random_init"] == first["random_init"] and second["random_init_source"] == str(tmp_path / "r.json")
-    (tmp_path / "other_seeds.json").write_text(json.dumps({**later, "per_seed": later["per_seed"][:1]}))
+    other_seeds = [{**row, "seed": row["seed"] + 100} for row in later["per_seed"]]
+    (tmp_path / "other_seeds.json").write_text(json.dumps({**later, "per_seed": other_seeds}))
     with pytest.raises(SystemExit, match="no random-init arm"):
         gain_curve.load_rows([tmp_path / "r.json", tmp_path / "other_seeds.json"], seq_len=128)
     for n, expected in ((0, "--train-examples 0: give a count from 2"), (1, "each needs a row"),
