@@ -40,14 +40,25 @@ def default_grid(hidden_size: int) -> list[float]:
     return [3e-5, 1e-4, 3e-4, 1e-3]
 
 
+def rows_by_label(labels: list[int]) -> dict[int, list[int]]:
+    by_label: dict[int, list[int]] = defaultdict(list)
+    for i, label in enumerate(labels):
+        by_label[label].append(i)
+    return by_label
+
+
+def with_the_rest(n: int, held: list[int]) -> tuple[list[int], list[int]]:
+    """(every row of range(n) not held, the held rows in order)."""
+    held_set = set(held)
+    return [i for i in range(n) if i not in held_set], sorted(held)
+
+
 def held_out_slice(labels: list[int], fraction: float = SLICE_FRACTION) -> tuple[list[int], list[int]]:
     """(rows to fit, rows to score): about `fraction` of the training rows, at least SLICE_MIN
     and at most SLICE_MAX but never more than a quarter, taken from each label in proportion."""
     n = len(labels)
     size = min(max(round(fraction * n), SLICE_MIN), SLICE_MAX, n // 4)
-    by_label: dict[int, list[int]] = defaultdict(list)
-    for i, label in enumerate(labels):
-        by_label[label].append(i)
+    by_label = rows_by_label(labels)
     order = sorted(by_label)
     # largest remainders: the label counts add up to `size`, each in proportion to its share
     shares = [size * len(by_label[label]) / n for label in order]
@@ -60,8 +71,7 @@ def held_out_slice(labels: list[int], fraction: float = SLICE_FRACTION) -> tuple
         rows = by_label[label]
         take = min(len(rows) - 1, take)  # each label keeps a training row
         held += rng.choice(rows, size=max(take, 0), replace=False).tolist()
-    held_set = set(held)
-    return [i for i in range(n) if i not in held_set], sorted(held)
+    return with_the_rest(n, held)
 
 
 def folds(labels: list[int], k: int) -> list[tuple[list[int], list[int]]]:
@@ -69,9 +79,7 @@ def folds(labels: list[int], k: int) -> list[tuple[list[int], list[int]]]:
     fold holding every label in proportion: each label's rows in one fixed shuffle, dealt to the
     folds in turn, the turn carried on from label to label so the folds' sizes differ by at most
     one."""
-    by_label: dict[int, list[int]] = defaultdict(list)
-    for i, label in enumerate(labels):
-        by_label[label].append(i)
+    by_label = rows_by_label(labels)
     rng = np.random.default_rng(SLICE_SEED)
     scored: list[list[int]] = [[] for _ in range(k)]
     turn = 0
@@ -79,11 +87,7 @@ def folds(labels: list[int], k: int) -> list[tuple[list[int], list[int]]]:
         for row in rng.permutation(by_label[label]).tolist():
             scored[turn % k].append(row)
             turn += 1
-    pairs = []
-    for held in scored:
-        held_set = set(held)
-        pairs.append(([i for i in range(len(labels)) if i not in held_set], sorted(held)))
-    return pairs
+    return [with_the_rest(len(labels), held) for held in scored]
 
 
 def choose(trials: dict[float, float]) -> float:

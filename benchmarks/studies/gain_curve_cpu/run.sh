@@ -4,8 +4,9 @@
 # steps: warm-up 195, linear decay to 0) over 62,496 sequences of 128 tokens = 8.0M processed
 # tokens of the registry-prose corpus (`bert-data-prep corpus`, dynamic masks, no NSP), checkpoints
 # at steps 488 / 976 / 1,953 = 2M / 4M / 8M tokens (--save-every 488 saves at its multiples and
-# at the end): the schedule's own snapshots (the first two are taken mid-decay, not at a low lr). Each is fine-tuned as a checkpoint (bert-finetune reads
-# RUN/checkpoints/step_N and its pretraining record) on both embedded tasks at 100 and 1,000
+# at the end): the schedule's own snapshots (the first two are taken mid-decay, not at a low
+# lr). Each is fine-tuned as a checkpoint (bert-finetune reads RUN/checkpoints/step_N and its
+# pretraining record) on both embedded tasks at 100 and 1,000
 # labels, seeds 1-3, `--lr auto`; random init is not run again: benchmarks/gain_curve.py takes it
 # from the H200 `mini`'s results of the same task, rows, seeds and recipe
 # (results/gain_curve/h200_mini_186M_*). Run again to resume; figures: benchmarks/RESULTS.md.
@@ -23,7 +24,7 @@ DATA=$WORK/corpus_seq128
 [ -f runs/corpus/corpus.txt ] || $PY -m data_prep corpus --output runs/corpus
 [ -f "$DATA/manifest.json" ] || $PY -m data_prep shards --input runs/corpus/corpus.txt --output "$DATA" \
     --seq-len 128 --no-nsp --masking dynamic --num-shards 2 --val-fraction 0.02
-# part 1: pretraining, 2 threads, ~21 min on an Intel Xeon with AMX
+# part 1: pretraining, 2 threads, ~22 min on an Intel Xeon with AMX (47.5 sequences/s)
 if [ "$PART" = all ] || [ "$PART" = 1 ]; then
     $PY - "$WORK/ds_config.json" <<'EOF'
 import json, sys
@@ -31,7 +32,7 @@ c = json.load(open("ds_configs/cpu_mini_adamw_bf16.json"))
 c["scheduler"]["params"].update(warmup_num_steps=195, total_num_steps=1953)
 json.dump(c, open(sys.argv[1], "w"), indent=1)
 EOF
-    [ -f "$WORK/run/summary.json" ] || OMP_NUM_THREADS=2 .venv/bin/deepspeed --num_gpus 1 train.py \
+    [ -f "$WORK/run/summary.json" ] || OMP_NUM_THREADS=2 "$(dirname "$PY")/deepspeed" --num_gpus 1 train.py \
         --deepspeed_config "$WORK/ds_config.json" --data "$DATA" --model mini --output-dir "$WORK/run" --seed 1 \
         --save-every 488 --keep-checkpoints 10 --eval-every 244
 fi
