@@ -44,6 +44,7 @@ from commodity_bert.model.bert import (
     build_model,
     executed_training_flops,
     load_pretrained,
+    set_dropout,
     use_activation_checkpointing,
 )
 from commodity_bert.model.card import write_card
@@ -61,6 +62,7 @@ from commodity_bert.train.launch_checks import (
     check_deepspeed_config,
     check_vocabulary_against_source,
     load_deepspeed_config,
+    pretraining_settings,
 )
 from commodity_bert.train.metrics import MetricsLogger, without_our_monitors
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
@@ -243,8 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
         model_config = build_config(args.model, manifest["vocab"]["size"])
         check_data_against_model(manifest, model_config, args.data)
+        recipe = pretraining_settings(ds_config, manifest, args.data)  # masking rate, dropout
         batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers,
-                                  args.shards_in_memory)
+                                  args.shards_in_memory, mask_prob=recipe.get("mask_prob"))
         val_batches = ValidationBatches(args.data, manifest, rank, world, micro_batch)
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
@@ -289,6 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                 raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
         except (ModelConfigError, LaunchError) as exc:
             fail(str(exc))
+    if "dropout" in recipe:  # in training only: the exported config keeps its own rate for fine-tuning
+        set_dropout(hf_model, recipe["dropout"])
     if ds_config.get(PROJECT_BLOCK, {}).get("activation_checkpointing", {}).get("enabled"):
         use_activation_checkpointing(hf_model)  # recompute each layer in backward: less memory
     model = PretrainingModel(hf_model)

@@ -130,6 +130,39 @@ def test_dynamic_masking_is_seeded_per_batch(datasets):
     assert not np.isin(arrays["input_ids"], [maker.mask_id]).any()  # the shards stay unmasked
 
 
+def test_pretraining_section_sets_the_masking_rate_and_the_dropout(datasets):
+    from commodity_bert.model.bert import set_dropout
+    from commodity_bert.train.launch_checks import LaunchError, check_project_block, pretraining_settings
+    data = datasets / "dynamic"
+    manifest = fmt.load_manifest(data)
+    arrays = fmt.read_shard(data / "shard_00000.hdf5")
+    vocab = Vocab.load(data / "vocab.txt")
+    rows = np.arange(64)
+    shards_rate = BatchMaker(arrays, manifest, vocab, seed=3, static=False)(rows, (0,))
+    forty = BatchMaker(arrays, manifest, vocab, seed=3, static=False, mask_prob=0.4)
+    assert forty.max_predictions == 26  # ceil(0.4 * 64): the cap follows the rate
+    masked = forty(rows, (0,))["masked_labels"].numel()
+    assert 2.2 < masked / shards_rate["masked_labels"].numel() < 2.9  # 0.4 / 0.15 = 2.67
+    config = {"commodity_bert": {"pretraining": {"mask_prob": 0.4, "dropout": 0.0}}}
+    check_project_block(config)
+    assert pretraining_settings(config, manifest, str(data)) == {"mask_prob": 0.4, "dropout": 0.0}
+    static = fmt.load_manifest(datasets / "static")
+    with pytest.raises(LaunchError, match="needs dynamically masked shards.*--masking dynamic"):
+        pretraining_settings(config, static, "static")
+    assert pretraining_settings({"commodity_bert": {"pretraining": {"dropout": 0.0}}}, static, "static")
+    for bad in ({"mask_prob": 0}, {"mask_prob": 1.0}, {"mask_prob": "fast"}, {"dropout": -0.1}, {"dropout": True}):
+        with pytest.raises(LaunchError, match=r"pretraining\.\w+.*give a number in"):
+            check_project_block({"commodity_bert": {"pretraining": bad}})
+    # dropout off everywhere (attention too) while the config, which an export writes, keeps BERT's rate
+    torch.manual_seed(0)
+    model = build_model(build_config("tiny", manifest["vocab"]["size"]), nsp=False).train()
+    ids = torch.from_numpy(arrays["input_ids"][:4, :32].astype(np.int64))
+    assert not torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+    set_dropout(model, 0.0)
+    assert torch.equal(model(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert model.config.hidden_dropout_prob == model.config.attention_probs_dropout_prob == 0.1
+
+
 def _epoch_plan(batches: TrainingBatches, epoch: int = 0) -> np.ndarray:
     return np.concatenate([r.plan for r in batches.stream.plans(epoch)])
 

@@ -282,12 +282,16 @@ class ShardReader:
 class BatchMaker:
     """Turns sample indices into a model batch (trimmed; masked here when the shards are not)."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], manifest: dict, vocab: Vocab, seed: int, static: bool):
+    def __init__(self, arrays: dict[str, np.ndarray], manifest: dict, vocab: Vocab, seed: int, static: bool,
+                 mask_prob: float | None = None):
         self.arrays, self.static, self.seed = arrays, static, seed
         self.seq_len = manifest["seq_len"]
         args = manifest.get("args", {})
-        self.mask_prob = args.get("mask_prob", 0.15)
-        self.max_predictions = manifest.get("max_predictions") or int(np.ceil(self.mask_prob * self.seq_len))
+        if mask_prob is None:  # the rate the shards were prepared for
+            self.mask_prob = args.get("mask_prob", 0.15)
+            self.max_predictions = manifest.get("max_predictions") or int(np.ceil(self.mask_prob * self.seq_len))
+        else:  # another rate (dynamic shards only): the prediction cap follows it
+            self.mask_prob, self.max_predictions = mask_prob, int(np.ceil(mask_prob * self.seq_len))
         self.mask_id = vocab.id("[MASK]")
         self.is_special = vocab.special_mask()
         self.replacement_ids = vocab.random_replacement_ids()
@@ -360,7 +364,8 @@ class TrainingBatches:
     carried between rounds); 0 holds all of them."""
 
     def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int,
-                 seed: int, num_workers: int, shards_in_memory: int = SHARDS_IN_MEMORY):
+                 seed: int, num_workers: int, shards_in_memory: int = SHARDS_IN_MEMORY,
+                 mask_prob: float | None = None):
         self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data_dir))
         self.reader = ShardReader(data_dir, manifest)
         # every shard this rank will read, checked now: a missing or changed one stops the launch
@@ -371,6 +376,7 @@ class TrainingBatches:
         self.manifest, self.vocab = manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
         self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
+        self.mask_prob = mask_prob  # None: the shards' own rate
         self.epoch, self.batch = 0, 0
 
     def state_dict(self) -> dict:
@@ -394,7 +400,7 @@ class TrainingBatches:
                     continue
                 ids, arrays = self.round_arrays(rnd, kept)
                 kept = None
-                maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static)
+                maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static, self.mask_prob)
                 dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), first,
                                           self.batch - first, (self.epoch, self.rank))
                 # its own generator: a loader drawing its worker seed from the global RNG would shift

@@ -82,6 +82,16 @@ AttentionInterface.register(UNPADDED_ATTENTION, unpadded_sdpa_attention)
 AttentionMaskInterface.register(UNPADDED_ATTENTION, sdpa_mask)  # padded HF calls get SDPA's masks
 
 
+def set_dropout(model: nn.Module, rate: float) -> None:
+    """Every dropout of the model (embeddings, attention probabilities, hidden states) at `rate`.
+    The modules' own rates change, not the config: an export still carries the config's rate,
+    which is what fine-tuning a BERT expects (Cramming pretrains without dropout and
+    fine-tunes with it)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = rate
+
+
 def build_config(spec: str, vocab_size: int) -> BertConfig:
     """A preset name or a BertConfig JSON file; the vocabulary size comes from the data."""
     if spec in PRESETS:

@@ -99,6 +99,10 @@ def card_text(run_dir: Path) -> str:
                          eval_results=results or None)
     ds = config["deepspeed_config"]
     optimizer = ds.get("optimizer", {})
+    recipe = ds.get("commodity_bert", {}).get("pretraining", {})  # the config's own rates, if it sets them
+    shards_args = manifest.get("args") if isinstance(manifest.get("args"), dict) else {}
+    mask_rate = recipe.get("mask_prob", shards_args.get("mask_prob", 0.15))
+    dropout = recipe.get("dropout", model.get("hidden_dropout_prob"))
     precision = "fp16" if ds.get("fp16", {}).get("enabled") else "bf16" if ds.get("bf16", {}).get("enabled") else "fp32"
     hosts = summary.get("hosts") or []
     devices = summary.get("devices") or []
@@ -121,6 +125,7 @@ def card_text(run_dir: Path) -> str:
         f"| optimizer | {optimizer.get('type')} {json.dumps(optimizer.get('params', {}))} |",
         f"| communication | {config.get('comm_mode')} |",
         f"| precision | {precision} |",
+        f"| masking rate, dropout (pretraining) | {mask_rate}, {dropout} |",
         f"| batch | {summary['samples'] // max(1, summary['step'])} sequences of {manifest.get('seq_len', '?')} tokens |",
         f"| final validation MLM accuracy | {'n/a' if acc is None else f'{100 * acc:.2f}%'} |",
         "",

@@ -24,6 +24,7 @@ PROJECT_SECTIONS = {
     "hierarchy": set(topology.DEFAULTS),
     "activation_checkpointing": {"enabled"},
     "lamb": {"implementation"},
+    "pretraining": {"mask_prob", "dropout"},
 }
 
 
@@ -132,6 +133,11 @@ def check_project_block(config: dict) -> None:
     enabled = block.get("activation_checkpointing", {}).get("enabled", False)
     if not isinstance(enabled, bool):
         raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
+    for key, value in block.get("pretraining", {}).items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1 \
+                or (key == "mask_prob" and value == 0):
+            allowed = "(0, 1), e.g. 0.15 (BERT) or 0.4" if key == "mask_prob" else "[0, 1), e.g. 0.0 or 0.1 (BERT)"
+            raise LaunchError(f'"commodity_bert.pretraining.{key}" {value!r}: give a number in {allowed}')
     implementation = block.get("lamb", {}).get("implementation", "project")
     if implementation not in LAMB_IMPLEMENTATIONS:
         raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
@@ -175,6 +181,18 @@ def check_freeze_step(params: dict) -> None:
     window = params.get("freeze_window", 10)
     if not positive(window):
         raise LaunchError(f"OneBitLamb freeze_window {window!r}: give a positive number of steps")
+
+
+def pretraining_settings(config: dict, manifest: dict, data_dir: str) -> dict:
+    """The config's "commodity_bert.pretraining" section, checked against the data: a masking rate
+    other than the shards' needs shards masked as they are read (dynamic), since static shards
+    hold their masks."""
+    settings = config.get("commodity_bert", {}).get("pretraining", {})
+    if "mask_prob" in settings and manifest["splits"]["train"]["masking"] == "static":
+        raise LaunchError(f'"commodity_bert.pretraining.mask_prob" needs dynamically masked shards, but {data_dir} '
+                          f'holds static masks (at {manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
+                          f'again with bert-data-prep shards --masking dynamic, or drop the key')
+    return settings
 
 
 def check_vocabulary_against_source(manifest: dict, data_dir: str, source: Path) -> None:
