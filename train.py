@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     except DataError as exc:  # a shard changed on disk since the start; the launcher stops the others
         data_iter.close()
         fail(str(exc), everyone=True)
-    # Stop the loader workers now: they ignore SIGTERM (see data.py), so if anything (a compiled
+    # Stop the loader workers now: they ignore SIGTERM (data/loader.py:_ignore_stop_signals), so if anything (a compiled
     # graph did) keeps the loader alive until interpreter exit, multiprocessing's exit handler
     # would wait on them for ever.
     data_iter.close()

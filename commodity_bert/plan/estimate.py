@@ -25,7 +25,6 @@ from commodity_bert.optim.zero_one_adam import ZeroOneAdam
 REPO = Path(__file__).resolve().parents[2]
 DS_CONFIGS = REPO / "ds_configs"
 RECIPE_SEQ_LEN = {"phase1": 128, "phase2": 512}
-BERT_VOCAB = 30522
 DEFAULT_MFU = 0.35  # by hand only: a share of the matmul peak that BERT training reaches (assumed)
 
 
