@@ -489,9 +489,10 @@ if __name__ == "__main__":
     try:
         main()
         # Done: a stop signal now changes nothing. Left to the handler, one arriving while the
-        # interpreter exits (it restores the default action, which kills) ended a rank that had
-        # saved and exported with status −10: bert-launch asks each host's ranks again while some
-        # host has none left, and namespace hosts, sharing one process table, signal each rank twice.
+        # interpreter exits (which restores the default action, a kill) would end a rank that has
+        # saved and exported with a signal's status; such signals come late because bert-launch
+        # asks each host's ranks again while some host has none left, and namespace hosts, sharing
+        # one process table, signal each rank twice.
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
         # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a

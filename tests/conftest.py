@@ -18,8 +18,8 @@ EMBEDDED_SOTU = REPO / "data_prep" / "resources" / "sotu.txt.xz"
 
 # One thread per process, inherited by every process the tests start: two workers share the 2
 # cores and most tests start 2 ranks besides, and OpenMP threads that outnumber the cores spin
-# against each other (the lr-selection test took 387 s beside the other worker with 2 threads,
-# 31 s alone). train.py, fine-tuning and the spawned ranks all read it.
+# against each other (a fine-tuning test runs an order of magnitude slower so). train.py,
+# fine-tuning and the spawned ranks all read it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Two pytest-xdist workers share the 2 cores (pyproject's addopts: -n 2): run one at a time the

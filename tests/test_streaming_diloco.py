@@ -216,9 +216,9 @@ def _bytes_counted_when_applied(sent: dict) -> None:
 
 
 def test_an_overlapped_exchange_counts_its_bytes_in_the_step_that_applies_it():
-    """Counted when the background thread ended, the bytes fell in whichever logged step was open
-    then, so a resumed run's metrics differed from the uninterrupted run's (CI, stop 45); now in
-    the due step, on time (here) or late (the test above)."""
+    """The bytes of an overlapped exchange fall in the step that applies it, on time (here) or
+    late (the test above), not in whichever logged step is open when the background thread ends:
+    a resumed run's metrics then equal the uninterrupted run's."""
     r = spawn_ranks(_late_worker, 2, 0.0, 60)[0]
     print(r["sent"])
     _bytes_counted_when_applied(r["sent"])

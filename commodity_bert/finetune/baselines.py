@@ -11,7 +11,7 @@ The representation check catches a collapsed pretraining (a model stuck on the u
 answers every input alike): the mean cosine similarity between the mean-pooled final states of
 different training inputs, pretrained beside the same architecture at random init. Pretraining
 that learned something spreads the inputs apart; one stuck on the plateau draws them together,
-above random weights. Measured on both embedded tasks (RESULTS.md, issue 30): random init
+above random weights. Measured on both embedded tasks (RESULTS.md): random init
 0.945 / 0.958 (polarity / party); `tiny` after 600 healthy LAMB steps (14.0% MLM accuracy) 0.77
 / 0.82; `tiny` and `mini` after 20-30 steps, still on the plateau, 0.97-0.99. So a model is
 called collapsed when its inputs are at least as alike as random weights make them.

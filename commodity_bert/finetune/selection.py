@@ -34,7 +34,7 @@ SLICE_SEED = 20201  # not a fine-tuning seed: the slice is the same whatever --s
 
 def default_grid(hidden_size: int) -> list[float]:
     """Turc et al.'s grid for BERT-base and larger; for small models (hidden < 768), whose best
-    rates are larger, the same span shifted up (issue 30's measurements: RESULTS.md)."""
+    rates are larger, the same span shifted up (measured on the embedded tasks: RESULTS.md)."""
     if hidden_size >= 768:
         return [3e-5, 5e-5, 1e-4, 3e-4]
     return [3e-5, 1e-4, 3e-4, 1e-3]

@@ -4,8 +4,8 @@ every task and every arm (pretrained, random init) unless told; the learning rat
 chosen per arm and task on a slice of the training data (selection.py).
 
 A small task still gets `min_steps` optimizer steps (more epochs): 3 epochs of 300 examples
-are 30 steps, which move a small model nowhere (issue 30 measured 27.8% against a majority of
-24.9% on a 300-document task).
+are 30 steps, which move a small model nowhere (27.8% against a majority of 24.9% on a
+300-document task: RESULTS.md).
 
 Fast on a CPU because no work is spent on padding: the task is tokenized once and cached,
 batches are padded to their own longest sequence, and training batches group sentences of

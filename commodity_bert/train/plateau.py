@@ -4,7 +4,7 @@ A BERT first learns to answer every mask with the most frequent tokens; its mask
 sits near that of always answering the single most frequent masked token (the "unigram"
 accuracy) until it starts to use the context. A run that stays there, from a learning rate too
 large for its batch, too short a warm-up or a vocabulary too large for its text, gives a model
-that fine-tunes no better than random weights (issue 30: `mini` at LAMB 1e-2 with 64 sequences
+that fine-tunes no better than random weights (RESULTS.md: `mini` at LAMB 1e-2 with 64 sequences
 a step ended at 4.6% against 9.7% at 2e-3). So once the run has seen `after_samples` samples and
 its warm-up is over, every evaluation compares the validation accuracy with `factor` times the
 unigram accuracy; the first that finds the run below it prints one warning line, and the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-FACTOR = 1.5  # a healthy run passes 1.5x the unigram accuracy early (RESULTS.md, issue 30)
+FACTOR = 1.5  # a healthy run passes 1.5x the unigram accuracy early (RESULTS.md)
 AFTER_SAMPLES = 25_000  # the quickstart's tiny passes it by 12,800 samples; mini at lr 2e-3 by 25,600
 
 LIKELY_CAUSES = ("a peak lr too large for the batch (ds_configs/README.md, 'the batch rule'), too short a "
