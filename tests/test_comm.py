@@ -8,16 +8,15 @@ import torch.multiprocessing as mp
 from conftest import free_port
 
 from commodity_bert.comm.bytes_counter import BytesCounter
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, pack_signs, unpack_signs
+from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, pack_nonnegative, unpack_nonnegative
 
 
-def test_pack_signs_round_trip():
+def test_sign_bits_round_trip():
     x = torch.randn(8 * 37)
     x[::5] = 0.0  # sign(0) = +1
-    packed = pack_signs(x)
+    packed = pack_nonnegative(x >= 0)
     assert packed.dtype == torch.uint8 and packed.numel() == x.numel() // 8
-    signs = unpack_signs(packed)
-    assert torch.equal(signs, torch.where(x >= 0, 1.0, -1.0))
+    assert torch.equal(unpack_nonnegative(packed), x >= 0)
 
 
 def _join_gloo(rank: int, world: int, port: int) -> None:

@@ -16,7 +16,7 @@ from commodity_bert.data.loader import (
     BatchMaker,
     TrainingBatches,
     ValidationBatches,
-    load_split,
+    load_arrays,
     round_schedule,
     spread_strata,
 )
@@ -269,7 +269,8 @@ def test_each_rank_holds_only_its_part_of_the_held_out_split(tmp_path, sotu_smal
     run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--val-fraction", 0.2,
             "--num-val-shards", 3, "--num-shards", 2, "--workers", 2, "--output", data)
     manifest = fmt.load_manifest(data)
-    whole = load_split(data, manifest, "validation")
+    digests = [entry["sha256"] for entry in manifest["splits"]["validation"]["shards"]]
+    whole = load_arrays(fmt.shard_paths(data, manifest, "validation"), digests)
     order = np.argsort(whole["lengths"], kind="stable")
     maker = BatchMaker(whole, manifest, Vocab.load(data / "vocab.txt"), seed=0, static=True)
     assert len(manifest["splits"]["validation"]["shards"]) == 3 and len(order) > 100

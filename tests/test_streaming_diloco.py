@@ -17,7 +17,7 @@ from test_precision import TinyEmbeddingModel, _join
 
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo, split_into_fragments
-from commodity_bert.comm.lowbit import BLOCK, LowBitAverage, dequantize, levels, packed_bytes, quantize
+from commodity_bert.comm.lowbit import BLOCK, LowBitAverage, dequantize, levels, quantize
 from commodity_bert.model.bert import build_config, build_model
 from commodity_bert.optim.precision import MasterParams
 from commodity_bert.train.failures import lost_peer_line
@@ -30,7 +30,8 @@ def test_quantization_error_bounds(bits):
     scales = x.view(-1, BLOCK).abs().amax(dim=1) / levels(bits)
     step = scales.repeat_interleave(BLOCK)
     packed, stands_for = quantize(x, bits)
-    assert packed.numel() == packed_bytes(x.numel(), bits) and packed.dtype == torch.uint8
+    # the integers, `bits` each, then one fp32 scale a block
+    assert packed.numel() == x.numel() * bits // 8 + 4 * x.numel() // BLOCK and packed.dtype == torch.uint8
     back = dequantize(packed, x.numel(), bits)
     assert torch.equal(back, stands_for)  # what the receiver rebuilds is what the sender counted
     assert bool(((back - x).abs() <= step / 2 * (1 + 1e-5)).all())  # nearest: half a level at most

@@ -31,11 +31,6 @@ def levels(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
-def packed_bytes(values: int, bits: int) -> int:
-    """Bytes of `values` (a multiple of BLOCK) quantized: the integers, then the scales."""
-    return values * bits // 8 + 4 * values // BLOCK
-
-
 def quantize(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the packed bytes, the values they stand for) of x (numel a multiple of BLOCK). With a
     generator, stochastic rounding; without, to the nearest level."""

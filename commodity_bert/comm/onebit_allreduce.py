@@ -29,17 +29,6 @@ def unpack_nonnegative(packed: torch.Tensor) -> torch.Tensor:
     return packed.view(-1, 1).bitwise_and(_BIT_WEIGHTS.to(packed.device)).ne(0).view(-1)
 
 
-def pack_signs(x: torch.Tensor) -> torch.Tensor:
-    """Signs of x (sign(0) = +1) as bits, 8 per byte; x.numel() must be a multiple of 8."""
-    return pack_nonnegative(x.reshape(-1) >= 0)
-
-
-def unpack_signs(packed: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """±1 values from packed sign bits."""
-    one = torch.ones((), dtype=dtype, device=packed.device)
-    return torch.where(unpack_nonnegative(packed), one, -one)
-
-
 class CompressedAllreduce:
     """Error-compensated 1-bit allreduce (1-bit Adam/LAMB papers; docs/ALGORITHMS.md).
 

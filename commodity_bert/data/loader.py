@@ -67,13 +67,6 @@ def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def load_split(data_dir: str | Path, manifest: dict, split: str, shards: slice = slice(None)) -> dict[str, np.ndarray]:
-    """The arrays of a split's shards (a slice of them), each checked against the manifest."""
-    paths = fmt.shard_paths(data_dir, manifest, split)[shards]
-    digests = [entry["sha256"] for entry in manifest["splits"][split]["shards"]][shards]
-    return load_arrays(paths, digests)
-
-
 def spread_strata(take: np.ndarray, micro_batch: int) -> np.ndarray:
     """[batches, micro_batch] stratum labels with `take[s]` samples of stratum s in all: every
     batch holds ⌊ideal⌋ or ⌈ideal⌉ of each stratum (ideal = take[s] / batches), the ⌈⌉ going to
