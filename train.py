@@ -30,8 +30,8 @@ import torch.distributed as dist
 from commodity_bert.comm import mode as comm_mode
 from commodity_bert.comm.bucketwise import PROJECT_BLOCK
 from commodity_bert.comm.bytes_counter import BytesCounter
-from commodity_bert.comm.topology import Topology
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
+from commodity_bert.comm.topology import Topology
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.finetune.cli import UsageError
@@ -51,6 +51,7 @@ from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.failures import lost_peer_line
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     if node_local:  # every node keeps a whole checkpoint of its own
         ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "use_node_local_storage": True}}
     explicit_resume = args.resume not in ("auto", "none")
-    resume_dir = Path(args.resume) if explicit_resume else run_dir / "checkpoints"
+    resume_dir = Path(args.resume) if explicit_resume else run_dir / CHECKPOINTS
     try:
         resume_tag = None if args.resume == "none" else checkpoint.agree_on_resume(resume_dir, explicit_resume)
     except checkpoint.CheckpointError as exc:
@@ -279,15 +280,15 @@ def main(argv: list[str] | None = None) -> None:
     init_checkpoint = None
     if args.init_from and resume_tag is None:
         source = Path(args.init_from)
-        weights = source / "hf_model" if (source / "hf_model").is_dir() else source
+        weights = source / HF_MODEL if (source / HF_MODEL).is_dir() else source
         try:
             if any(weights.glob("*.safetensors")) or any(weights.glob("pytorch_model*.bin")):
                 hf_model = load_pretrained(weights, nsp=manifest["nsp"])
                 model_config = hf_model.config  # the architecture is the source's
                 check_data_against_model(manifest, model_config, args.data)
                 check_vocabulary_against_source(manifest, args.data, weights)
-            elif checkpoint.latest(source) or checkpoint.latest(source / "checkpoints"):
-                init_checkpoint = source if checkpoint.latest(source) else source / "checkpoints"
+            elif checkpoint.latest(source) or checkpoint.latest(source / CHECKPOINTS):
+                init_checkpoint = source if checkpoint.latest(source) else source / CHECKPOINTS
             else:
                 raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
         except (ModelConfigError, LaunchError) as exc:
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         # evaluation and export use the one the ranks share
         with mode.shared_model():
             if rank == 0:
-                export_hf_model(hf_model, vocab_path, lowercase, run_dir / "hf_model")
+                export_hf_model(hf_model, vocab_path, lowercase, run_dir / HF_MODEL)
 
     if args.export_only:
         export()
@@ -358,8 +359,8 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         # the summary of an earlier launch would say "finished" while this one trains
-        (run_dir / "summary.json").unlink(missing_ok=True)
-        (run_dir / "run_config.json").write_text(json.dumps(run_config, indent=1))
+        (run_dir / SUMMARY).unlink(missing_ok=True)
+        (run_dir / RUN_CONFIG).write_text(json.dumps(run_config, indent=1))
     if args.watch_downstream:
         start_watcher(args.watch_downstream, run_dir, rank)
     # metrics.jsonl, and the sinks of the config's tensorboard / csv_monitor / wandb blocks
@@ -376,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
                         "clocks": book.clocks(), "data_digest": data_digest}
         shared, rank_state = mode.state()
         client_state.update(shared)
-        checkpoint.save(engine, run_dir / "checkpoints", engine.global_steps, client_state,
+        checkpoint.save(engine, run_dir / CHECKPOINTS, engine.global_steps, client_state,
                         args.keep_checkpoints, rank_state, node_local)
         book.saved()
 
@@ -475,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
                    "params_identical_across_ranks": identical, **last_eval}
         tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
         tmp.write_text(json.dumps(summary, indent=1))
-        tmp.replace(run_dir / "summary.json")
+        tmp.replace(run_dir / SUMMARY)
         print(f"done: {json.dumps(summary)}", flush=True)
         try:
             write_card(run_dir)  # hf_model/README.md, from the records just written

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.vocab import VocabError
+from commodity_bert.run_dir import HF_MODEL
 from data_prep.errors import PrepError
 
 RESOURCES = Path(__file__).parent / "resources"
@@ -115,7 +116,7 @@ def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path) -> tuple[str
     path = Path(_embedded(spec))
     if not path.is_dir():
         return str(path), True if lowercase is None else lowercase
-    model = path / "hf_model" if (path / "hf_model").is_dir() else path
+    model = path / HF_MODEL if (path / HF_MODEL).is_dir() else path
     found = model_vocabulary(model)
     if found is None:
         raise PrepError(f"--vocab {spec}: a directory without vocab.txt or tokenizer.json; give a vocab.txt or a "

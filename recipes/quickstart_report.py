@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from commodity_bert.run_dir import HF_MODEL, METRICS
+
 # Chosen before the quickstart's own run and printed whatever the model answers. The first four
 # are what a model of this budget (5 CPU minutes) gets right in trial runs: where a sentence
 # starts and ends, the verb after "there" and "this"; the last, a collocation the addresses
@@ -41,13 +43,13 @@ def main(run: Path, data_dir: Path) -> None:
     from transformers import pipeline
     transformers.logging.set_verbosity_error()  # the NSP head fill-mask does not use is reported otherwise
     transformers.utils.logging.disable_progress_bar()
-    evals = [(r["step"], r["val_mlm_acc"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    evals = [(r["step"], r["val_mlm_acc"]) for r in map(json.loads, (run / METRICS).read_text().splitlines())
              if "val_mlm_acc" in r]
     baseline, token = most_frequent_token_accuracy(data_dir)
     print("validation MLM accuracy by step:", ", ".join(f"{s}: {a:.1%}" for s, a in evals))
     print(f"always answering the most frequent masked token ({token!r}) would score {baseline:.1%}; "
           f"the model scores {evals[-1][1]:.1%}")
-    fill = pipeline("fill-mask", model=str(run / "hf_model"))
+    fill = pipeline("fill-mask", model=str(run / HF_MODEL))
     right = 0
     for phrase, expected in PROBES:
         answers = fill(phrase, top_k=3)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from commodity_bert.run_dir import CHECKPOINTS, METRICS, SUMMARY
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "train.py"
 
@@ -57,7 +59,7 @@ def command(run: Run, settings: dict, port: int) -> list[str]:
 
 def summary(run: Run) -> dict | None:
     try:
-        return json.loads((run.run_dir / "summary.json").read_text())
+        return json.loads((run.run_dir / SUMMARY).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 
@@ -69,7 +71,7 @@ def is_finished(run: Run) -> bool:
 
 
 def has_checkpoint(run: Run) -> bool:
-    return any((run.run_dir / "checkpoints").glob("step_*"))
+    return any((run.run_dir / CHECKPOINTS).glob("step_*"))
 
 
 def error_line(log_text: str) -> str:
@@ -103,7 +105,7 @@ def execute(cmd: list[str], run: Run, stop_requested) -> int:
 
 
 def read_rows(run: Run) -> list[dict]:
-    path = run.run_dir / "metrics.jsonl"
+    path = run.run_dir / METRICS
     if not path.exists():
         return []
     rows = []
@@ -117,7 +119,7 @@ def read_rows(run: Run) -> list[dict]:
 
 def last_step(run: Run) -> int:
     """The step of metrics.jsonl's last row, from the file's tail (a progress bar polls it)."""
-    path = run.run_dir / "metrics.jsonl"
+    path = run.run_dir / METRICS
     try:
         with open(path, "rb") as f:
             f.seek(max(0, path.stat().st_size - 4096))

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from commodity_bert.train import checkpoint as ckpt
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
+from commodity_bert.train import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
@@ -72,7 +73,7 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
         raise ModelError(f"{flag} {directory}: its weights are not a BERT encoder's ({len(fresh)} of "
                          f"{len(encoder.state_dict())} tensors missing)")
     provenance = {}
-    for record in (directory / "pretraining.json", directory.parent / "summary.json"):
+    for record in (directory / "pretraining.json", directory.parent / SUMMARY):
         if record.is_file():  # a benchmark snapshot, or the RUN this hf_model was exported from
             known = json.loads(record.read_text())
             provenance = {"step": known.get("step"), "samples": known.get("samples"),
@@ -83,8 +84,8 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
 
 def _run_tokenizer(run_dir: Path, run_config: dict, flag: str):
     """The run's tokenizer: its hf_model's if exported, else the vocabulary of its data."""
-    if (run_dir / "hf_model").is_dir():
-        return _hf_tokenizer(run_dir / "hf_model", flag)
+    if (run_dir / HF_MODEL).is_dir():
+        return _hf_tokenizer(run_dir / HF_MODEL, flag)
     from transformers import BertTokenizerFast
     data = Path(run_config.get("args", {}).get("data", ""))
     vocab = data / fmt.VOCAB_NAME
@@ -101,7 +102,7 @@ def from_checkpoint(step_dir: Path, flag: str = "--model") -> Pretrained:
     and the run's clocks, without starting DeepSpeed."""
     from transformers import BertConfig
     run_dir = step_dir.parent.parent
-    config_file = run_dir / "run_config.json"
+    config_file = run_dir / RUN_CONFIG
     if not config_file.is_file():
         raise ModelError(f"{flag} {step_dir}: a checkpoint, but {config_file} (its model's configuration) is "
                          f"missing; give the RUN directory's checkpoint or its hf_model")
@@ -126,13 +127,13 @@ def load(path: Path, flag: str = "--model") -> Pretrained:
         raise ModelError(f"{flag} {path}: no such directory")
     if (path / ckpt.MODEL_FILE).is_file():
         return from_checkpoint(path, flag)
-    if (path / "hf_model").is_dir():
-        return _from_hf_directory(path / "hf_model", flag)
+    if (path / HF_MODEL).is_dir():
+        return _from_hf_directory(path / HF_MODEL, flag)
     if (path / "config.json").is_file():
         return _from_hf_directory(path, flag)
-    newest = ckpt.latest(path / "checkpoints")
+    newest = ckpt.latest(path / CHECKPOINTS)
     if newest:
-        return from_checkpoint(path / "checkpoints" / newest, flag)
+        return from_checkpoint(path / CHECKPOINTS / newest, flag)
     raise ModelError(f"{flag} {path}: neither a RUN directory (hf_model/ or checkpoints/), a Hugging Face BERT "
                      f"directory (config.json) nor a checkpoint (step_N/{ckpt.MODEL_FILE})")
 

@@ -17,10 +17,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from commodity_bert.train import checkpoint as ckpt
 from commodity_bert.finetune import models
 from commodity_bert.finetune.cli import evaluate
 from commodity_bert.model.card import refresh_card
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, SUMMARY
+from commodity_bert.train import checkpoint as ckpt
 
 ROWS = "downstream.jsonl"
 
@@ -36,7 +37,7 @@ def candidates(run_dir: Path) -> list[Candidate]:
     """Complete checkpoints (at or before the one `latest` names: a newer directory is still
     being written) and, once the run has finished, its export; oldest first."""
     found: dict[int, Candidate] = {}
-    directory = run_dir / "checkpoints"
+    directory = run_dir / CHECKPOINTS
     newest = ckpt.latest(directory)
     if newest:
         limit = int(ckpt.TAG.match(newest).group(1))
@@ -44,10 +45,10 @@ def candidates(run_dir: Path) -> list[Candidate]:
             match = ckpt.TAG.match(step_dir.name)
             if match and int(match.group(1)) <= limit and (step_dir / ckpt.MODEL_FILE).is_file():
                 found[int(match.group(1))] = Candidate(int(match.group(1)), step_dir, "checkpoint")
-    summary = run_dir / "summary.json"
-    if summary.is_file() and (run_dir / "hf_model" / "config.json").is_file():
+    summary = run_dir / SUMMARY
+    if summary.is_file() and (run_dir / HF_MODEL / "config.json").is_file():
         step = json.loads(summary.read_text())["step"]
-        found[step] = Candidate(step, run_dir / "hf_model", "export")  # the same weights, in fp32
+        found[step] = Candidate(step, run_dir / HF_MODEL, "export")  # the same weights, in fp32
     return [found[s] for s in sorted(found)]
 
 

@@ -19,6 +19,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from commodity_bert.run_dir import HF_MODEL, RUN_CONFIG, SUMMARY
+
 CARD = "README.md"
 
 
@@ -76,8 +78,8 @@ def reproduce_command(config: dict, summary: dict) -> str:
 
 def card_text(run_dir: Path) -> str:
     from huggingface_hub import EvalResult, ModelCardData
-    config = _read_json(run_dir / "run_config.json")
-    summary = _read_json(run_dir / "summary.json")
+    config = _read_json(run_dir / RUN_CONFIG)
+    summary = _read_json(run_dir / SUMMARY)
     if config is None or summary is None:
         raise FileNotFoundError(f"{run_dir}: run_config.json and summary.json are needed (written by train.py)")
     data_dir = Path(config["args"]["data"])
@@ -169,7 +171,7 @@ def card_text(run_dir: Path) -> str:
 
 def write_card(run_dir: Path) -> Path:
     """RUN/hf_model/README.md, through a temporary name."""
-    path = run_dir / "hf_model" / CARD
+    path = run_dir / HF_MODEL / CARD
     tmp = path.with_name(f".{CARD}.{os.getpid()}.tmp")
     tmp.write_text(card_text(run_dir))
     os.replace(tmp, path)
@@ -178,7 +180,7 @@ def write_card(run_dir: Path) -> Path:
 
 def refresh_card(run_dir: Path, log=print) -> None:
     """The card again with the fine-tuning rows just written, where the run has ended and has one."""
-    if (run_dir / "hf_model" / CARD).exists():
+    if (run_dir / HF_MODEL / CARD).exists():
         try:
             log(f"model card updated: {write_card(run_dir)}")
         except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -190,7 +192,7 @@ def main(argv=None) -> None:
                                      description="(Re)write RUN/hf_model/README.md from the run's records")
     parser.add_argument("run", type=Path, help="the RUN directory of train.py")
     args = parser.parse_args(argv)
-    if not (args.run / "hf_model").is_dir():
+    if not (args.run / HF_MODEL).is_dir():
         print(f"model card: {args.run}/hf_model not found: give a RUN directory whose training has ended",
               file=sys.stderr)
         sys.exit(2)

@@ -30,6 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
+from commodity_bert.run_dir import METRICS
+
 MONITOR_BLOCKS = ("tensorboard", "csv_monitor", "wandb", "comet")
 OURS = ("tensorboard", "csv_monitor", "wandb")
 
@@ -123,7 +125,7 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0, ds_config: dict | None = None,
                  run_config: dict | None = None):
         self.enabled = enabled
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS
         self.sinks: list = []
         if not enabled:
             return

@@ -1,0 +1,7 @@
+"""The names inside a training run's directory (RUN): train.py writes them; bert-finetune,
+bert-ablate, the model card and bert-data-prep read them (docs/training.md, "What a run leaves")."""
+RUN_CONFIG = "run_config.json"  # the arguments and the DeepSpeed config, as given and as run
+SUMMARY = "summary.json"        # written last: the run ended (done, stopped or out of time)
+METRICS = "metrics.jsonl"       # one line per logged step and per evaluation
+HF_MODEL = "hf_model"           # the export, for from_pretrained
+CHECKPOINTS = "checkpoints"     # step_N/, one per save
