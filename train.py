@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from commodity_bert.comm import mode as comm_mode
-from commodity_bert.comm.bucketwise import PROJECT_BLOCK
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.comm.topology import Topology
@@ -51,6 +50,7 @@ from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
+from commodity_bert.project_block import section
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
             fail(str(exc))
     if "dropout" in recipe:  # in training only: the exported config keeps its own rate for fine-tuning
         set_dropout(hf_model, recipe["dropout"])
-    if ds_config.get(PROJECT_BLOCK, {}).get("activation_checkpointing", {}).get("enabled"):
+    if section(ds_config, "activation_checkpointing").get("enabled"):
         use_activation_checkpointing(hf_model)  # recompute each layer in backward: less memory
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank

@@ -19,11 +19,11 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-PROJECT_BLOCK = "commodity_bert"
+from commodity_bert.project_block import section
 
 
 def bucketwise_settings(ds_config: dict) -> dict | None:
-    block = ds_config.get(PROJECT_BLOCK, {}).get("bucketwise_clipping", {})
+    block = section(ds_config, "bucketwise_clipping")
     return block if block.get("enabled") else None
 
 

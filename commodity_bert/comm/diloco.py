@@ -58,6 +58,7 @@ from commodity_bert.comm import bytes_counter
 from commodity_bert.comm.lowbit import ROUNDINGS, LowBitAverage
 from commodity_bert.comm.topology import world_timeout
 from commodity_bert.optim.precision import MasterParams
+from commodity_bert.project_block import PROJECT_BLOCK
 
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
             "compression": "none", "outer_state_device": "auto", "rounding": "nearest", "error_feedback": False,
@@ -69,7 +70,7 @@ LAYER = re.compile(r"\.layer\.(\d+)\.")
 
 def diloco_settings(ds_config: dict) -> dict | None:
     """The DiLoCo settings with defaults filled in, or None when the config does not enable it."""
-    block = ds_config.get("commodity_bert", {}).get("diloco")
+    block = ds_config.get(PROJECT_BLOCK, {}).get("diloco")  # {} enables it with the defaults
     if block is None:
         return None
     settings = {**DEFAULTS, **block}

@@ -32,12 +32,13 @@ import contextlib
 
 import torch
 
-from commodity_bert.comm.bucketwise import PROJECT_BLOCK, BucketwiseClipAllreduce, bucketwise_settings
+from commodity_bert.comm.bucketwise import BucketwiseClipAllreduce, bucketwise_settings
 from commodity_bert.comm.diloco import DiLoCo, check_settings, diloco_settings
 from commodity_bert.comm.grad_norm import gradient_norm
 from commodity_bert.comm.topology import Hierarchy, Topology, hierarchy_setting
 from commodity_bert.optim.build import optimizer_name
 from commodity_bert.optim.precision import MasterParams, current_loss_scale
+from commodity_bert.project_block import without_block
 
 
 class ModeStateError(Exception):
@@ -70,7 +71,7 @@ class CommMode:
     # ---- set-up
     def deepspeed_config(self, config: dict) -> dict:
         """The config DeepSpeed gets: the project's block is not DeepSpeed's."""
-        return {k: v for k, v in config.items() if k != PROJECT_BLOCK}
+        return without_block(config)
 
     def attach(self, engine, optimizer, model, topology: Topology | None = None) -> list[str]:
         """Wire into the engine; returns lines for rank 0 to print. `topology`: which ranks share a

@@ -38,11 +38,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from commodity_bert.project_block import section
+
 DEFAULTS = {"enabled": "auto"}
 
 
 def hierarchy_setting(ds_config: dict):
-    return {**DEFAULTS, **ds_config.get("commodity_bert", {}).get("hierarchy", {})}["enabled"]
+    return {**DEFAULTS, **section(ds_config, "hierarchy")}["enabled"]
 
 
 def check_setting(ds_config: dict) -> str | None:

@@ -19,6 +19,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from commodity_bert.project_block import section
 from commodity_bert.run_dir import HF_MODEL, RUN_CONFIG, SUMMARY
 
 CARD = "README.md"
@@ -101,7 +102,7 @@ def card_text(run_dir: Path) -> str:
                          eval_results=results or None)
     ds = config["deepspeed_config"]
     optimizer = ds.get("optimizer", {})
-    recipe = ds.get("commodity_bert", {}).get("pretraining", {})  # the config's own rates, if it sets them
+    recipe = section(ds, "pretraining")  # the config's own rates, if it sets them
     shards_args = manifest.get("args") if isinstance(manifest.get("args"), dict) else {}
     mask_rate = recipe.get("mask_prob", shards_args.get("mask_prob", 0.15))
     dropout = recipe.get("dropout", model.get("hidden_dropout_prob"))

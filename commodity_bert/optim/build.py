@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from commodity_bert.optim.lamb import Lamb
+from commodity_bert.project_block import section
 
 DEEPSPEED_BUILT = {"adam", "adamw"}
 LAMB_IMPLEMENTATIONS = ("deepspeed", "project")  # DeepSpeed's FusedLamb, or optim/lamb.py
@@ -45,7 +46,7 @@ def lamb_implementation(ds_config: dict) -> str:
     ratio normalising the update's size, every step shrinks by sqrt(1 - beta2^t) / (1 - beta1^t)
     (0.18 at step 30, 0.8 at step 1,000 with beta2 0.999). The project's is the paper's, whose
     rates NVIDIA's recipe and this project's configs use."""
-    return ds_config.get("commodity_bert", {}).get("lamb", {}).get("implementation") or "project"
+    return section(ds_config, "lamb").get("implementation") or "project"
 
 
 def build_optimizer(ds_config: dict, model: nn.Module):

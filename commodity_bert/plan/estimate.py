@@ -12,15 +12,15 @@ import torch
 from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
 from commodity_bert.comm.diloco import diloco_settings
 from commodity_bert.comm.topology import hierarchy_setting
+from commodity_bert.optim.zero_one_adam import ZeroOneAdam
 from commodity_bert.plan.step_model import (
     GBIT,
-    OPTIMIZERS,
     Network,
     PlanError,
     Workload,
     parse_rate,
 )
-from commodity_bert.optim.zero_one_adam import ZeroOneAdam
+from commodity_bert.project_block import section
 
 REPO = Path(__file__).resolve().parents[2]
 DS_CONFIGS = REPO / "ds_configs"
@@ -146,7 +146,7 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
     if measured:  # waiting for data, per micro-batch, as preflight saw it beside the step
         fb_s += measured.get("loop_overhead_s", 0.0)
     sync_local_s = compute.grad_sync_local_s_per_param * params
-    bucket_mb = config.get("commodity_bert", {}).get("bucketwise_clipping", {}).get("bucket_mb", 25)
+    bucket_mb = section(config, "bucketwise_clipping").get("bucket_mb", 25)
     params_block = config.get("optimizer", {}).get("params", {})
     extra = {}
     if optimizer == "zero_one_adam":

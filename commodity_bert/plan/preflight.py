@@ -173,9 +173,9 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
     and precision wrappers but without its gradient allreduce; then 1-bit LAMB's step in its
     compression stage, its compressed allreduce on a one-rank group (the work, not the wire)."""
     from commodity_bert.data import shard_format as fmt
-    from commodity_bert.comm.bucketwise import PROJECT_BLOCK
     from commodity_bert.data.loader import TrainingBatches
     from commodity_bert.model.bert import build_config, training_flops
+    from commodity_bert.project_block import PROJECT_BLOCK
 
     measured_optimizer = str(ds_config.get("optimizer", {}).get("type", "Lamb"))
     config = {k: v for k, v in ds_config.items() if k not in (PROJECT_BLOCK, "scheduler", "gradient_accumulation_steps")}
@@ -256,10 +256,10 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     import deepspeed
 
     from commodity_bert.comm.grad_norm import gradient_norm
-    from commodity_bert.model.bert import PretrainingModel, build_model
     from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
-    from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
+    from commodity_bert.model.bert import PretrainingModel, build_model
     from commodity_bert.optim.build import build_optimizer
+    from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
 
     torch.manual_seed(0)
     model = PretrainingModel(build_model(model_config, nsp=nsp))
@@ -454,8 +454,8 @@ def interface_problems(where: list[dict]) -> list[str]:
 
 # ---------------------------------------------------------------- main
 def run(args) -> int:
-    from commodity_bert.train.launch_checks import LaunchError, load_deepspeed_config
     from commodity_bert.plan.report import preflight_tables
+    from commodity_bert.train.launch_checks import LaunchError, load_deepspeed_config
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

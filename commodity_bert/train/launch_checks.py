@@ -16,6 +16,7 @@ from commodity_bert.optim.build import (
     lamb_implementation,
     optimizer_name,
 )
+from commodity_bert.project_block import PROJECT_BLOCK, section
 
 # the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
 PROJECT_SECTIONS = {
@@ -115,21 +116,21 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
 def check_project_block(config: dict) -> None:
     """A key the project's block does not know would be ignored silently (a misspelt
     `bucketwise_clipping` trains without it): refuse it, naming the known ones."""
-    block = config.get("commodity_bert")
+    block = config.get(PROJECT_BLOCK)
     if block is None:
         return
     if not isinstance(block, dict):
         raise LaunchError(f'"commodity_bert" in the DeepSpeed config must be an object, not {block!r}')
-    for section, value in block.items():
-        if section not in PROJECT_SECTIONS:
-            raise LaunchError(f'unknown key "commodity_bert.{section}" in the DeepSpeed config; '
+    for name, value in block.items():
+        if name not in PROJECT_SECTIONS:
+            raise LaunchError(f'unknown key "commodity_bert.{name}" in the DeepSpeed config; '
                               f'the known ones are {", ".join(sorted(PROJECT_SECTIONS))}')
         if not isinstance(value, dict):
-            raise LaunchError(f'"commodity_bert.{section}" must be an object, not {value!r}')
+            raise LaunchError(f'"commodity_bert.{name}" must be an object, not {value!r}')
         for key in value:
-            if key not in PROJECT_SECTIONS[section]:
-                raise LaunchError(f'unknown key "commodity_bert.{section}.{key}" in the DeepSpeed config; '
-                                  f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[section]))}')
+            if key not in PROJECT_SECTIONS[name]:
+                raise LaunchError(f'unknown key "commodity_bert.{name}.{key}" in the DeepSpeed config; '
+                                  f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[name]))}')
     enabled = block.get("activation_checkpointing", {}).get("enabled", False)
     if not isinstance(enabled, bool):
         raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
@@ -187,7 +188,7 @@ def pretraining_settings(config: dict, manifest: dict, data_dir: str) -> dict:
     """The config's "commodity_bert.pretraining" section, checked against the data: a masking rate
     other than the shards' needs shards masked as they are read (dynamic), since static shards
     hold their masks."""
-    settings = config.get("commodity_bert", {}).get("pretraining", {})
+    settings = section(config, "pretraining")
     if "mask_prob" in settings and manifest["splits"]["train"]["masking"] == "static":
         raise LaunchError(f'"commodity_bert.pretraining.mask_prob" needs dynamically masked shards, but {data_dir} '
                           f'holds static masks (at {manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
