@@ -1,5 +1,6 @@
 import base64
 import hashlib
+import itertools
 import json
 import lzma
 import os
@@ -56,10 +57,24 @@ def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedPro
     return proc
 
 
+# Each xdist worker hands out ports from its own span, below the kernel's ephemeral range (32768
+# and up) and below the fixed 29xxx ports of the namespace tests: ports from bind(0) are freed
+# before the launch binds them, and two workers asking at once were handed the same one
+# (EADDRINUSE in a rank's TCPStore).
+_PORT_SPAN = 2000
+_next_ports = itertools.count(20000 + _PORT_SPAN * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0) % 4))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port of this worker's span that nothing holds now; never the same one twice in a session."""
+    for port in _next_ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
 
 
 def spawn_ranks(worker, world: int, *args) -> dict:
