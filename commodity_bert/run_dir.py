@@ -1,5 +1,5 @@
 """The names inside a training run's directory (RUN): train.py writes them; bert-finetune,
-bert-ablate, the model card and bert-data-prep read them (docs/training.md, "What a run leaves")."""
+bert-ablate, the model card and bert-data-prep read them (the output layout: DESIGN.md, "Training")."""
 RUN_CONFIG = "run_config.json"  # the arguments and the DeepSpeed config, as given and as run
 SUMMARY = "summary.json"        # written last: the run ended (done, stopped or out of time)
 METRICS = "metrics.jsonl"       # one line per logged step and per evaluation

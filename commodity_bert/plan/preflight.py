@@ -175,10 +175,10 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
     from commodity_bert.data import shard_format as fmt
     from commodity_bert.data.loader import TrainingBatches
     from commodity_bert.model.bert import build_config, training_flops
-    from commodity_bert.project_block import PROJECT_BLOCK
+    from commodity_bert.project_block import section, without_block
 
     measured_optimizer = str(ds_config.get("optimizer", {}).get("type", "Lamb"))
-    config = {k: v for k, v in ds_config.items() if k not in (PROJECT_BLOCK, "scheduler", "gradient_accumulation_steps")}
+    config = {k: v for k, v in without_block(ds_config).items() if k not in ("scheduler", "gradient_accumulation_steps")}
     config["train_micro_batch_size_per_gpu"] = args.micro_batch
     config["train_batch_size"] = args.micro_batch * world
     params_block = dict(config.get("optimizer", {}).get("params", {}))
@@ -193,8 +193,10 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
         vocab_size, nsp = manifest["vocab"]["size"], manifest["nsp"]
         seq_len = manifest.get("seq_len", args.seq_len)
         # with the loader's worker processes, as train.py runs them: on a CPU they share its cores
+        # at the config's masking rate, which sets the MLM head's work
         batches = iter(TrainingBatches(args.data, manifest, rank, world, args.micro_batch, seed=0,
-                                       num_workers=args.num_workers))
+                                       num_workers=args.num_workers,
+                                       mask_prob=section(ds_config, "pretraining").get("mask_prob")))
     else:
         vocab_size, nsp, seq_len = args.vocab_size, True, args.seq_len
         batches = synthetic_batches(args.micro_batch, seq_len, vocab_size, 2 * args.steps + 4, nsp)

@@ -131,15 +131,15 @@ def check_project_block(config: dict) -> None:
             if key not in PROJECT_SECTIONS[name]:
                 raise LaunchError(f'unknown key "commodity_bert.{name}.{key}" in the DeepSpeed config; '
                                   f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[name]))}')
-    enabled = block.get("activation_checkpointing", {}).get("enabled", False)
+    enabled = section(config, "activation_checkpointing").get("enabled", False)
     if not isinstance(enabled, bool):
         raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
-    for key, value in block.get("pretraining", {}).items():
+    for key, value in section(config, "pretraining").items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1 \
                 or (key == "mask_prob" and value == 0):
             allowed = "(0, 1), e.g. 0.15 (BERT) or 0.4" if key == "mask_prob" else "[0, 1), e.g. 0.0 or 0.1 (BERT)"
             raise LaunchError(f'"commodity_bert.pretraining.{key}" {value!r}: give a number in {allowed}')
-    implementation = block.get("lamb", {}).get("implementation", "project")
+    implementation = section(config, "lamb").get("implementation", "project")
     if implementation not in LAMB_IMPLEMENTATIONS:
         raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
                           f'(FusedLamb, CUDA only) or "project" (commodity_bert/optim/lamb.py)')
