@@ -10,7 +10,14 @@ for dir in "${dirs[@]}"; do
     for program in "$dir"/*; do
         name=$(basename "$program")
         case $name in ompi*|mpirun|mpiexec|orte*|oshrun|mpicc|mpicxx|mpifort) continue ;; esac
-        [ -x "$program" ] && [ ! -e "$bin/$name" ] && ln -s "$program" "$bin/$name"
+        [ -x "$program" ] && [ ! -e "$bin/$name" ] || continue
+        case $name in
+            # an interpreter is started by its own path, not through a link here: Python takes
+            # its home from the path it was started by, and a venv made by a linked python3
+            # would point into this folder, which is gone when the command ends
+            python*) printf '#!/bin/sh\nexec %q "$@"\n' "$program" > "$bin/$name" && chmod +x "$bin/$name" ;;
+            *) ln -s "$program" "$bin/$name" ;;
+        esac
     done
 done
 PATH=$bin "$@"
