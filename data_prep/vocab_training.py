@@ -1,4 +1,5 @@
-"""`bert-data-prep vocab`: train a WordPiece vocabulary with HF `tokenizers`."""
+"""`bert-data-prep vocab`: train a WordPiece vocabulary (the project's deterministic trainer,
+data_prep/wordpiece_trainer.py, on the `tokenizers` library's BERT normalizer and pre-tokenizer)."""
 from __future__ import annotations
 
 import os
@@ -9,11 +10,11 @@ from pathlib import Path
 from commodity_bert.data.vocab import SPECIAL_TOKENS, Vocab
 from data_prep.errors import PrepError
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
+from data_prep.wordpiece_trainer import count_words, train_wordpiece
 
 
 def train_vocab(inputs: list[str], output: str, vocab_size: int, lowercase: bool,
                 min_frequency: int = 2, text_field: str = "text", hf_split: str = "train") -> Vocab:
-    from tokenizers import BertWordPieceTokenizer
     sources = resolve_inputs(inputs)
     out = Path(output)
     if out.is_dir():
@@ -27,15 +28,14 @@ def train_vocab(inputs: list[str], output: str, vocab_size: int, lowercase: bool
             lines_seen += len(document)
             yield from document
 
-    tokenizer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
-    tokenizer.train_from_iterator(lines(), vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), show_progress=sys.stderr.isatty())
+    word_counts = count_words(lines(), lowercase)
     if lines_seen == 0:
         raise PrepError(f"no text found in {', '.join(inputs)}; pass files with text in them")
+    tokens = train_wordpiece(word_counts, vocab_size, SPECIAL_TOKENS, min_frequency)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        written = tokenizer.save_model(tmp)[0]
-        os.replace(written, out)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=out.parent, suffix=".tmp", delete=False) as tmp:
+        tmp.write("".join(token + "\n" for token in tokens))
+    os.replace(tmp.name, out)
     for line in skipped.summary():
         print(f"bert-data-prep: warning: {line}", file=sys.stderr)
     return Vocab.load(out)

@@ -1,5 +1,7 @@
 """Vocabulary training, NVIDIA interoperability of the shard format, instance and masking rules."""
+import os
 import random
+from collections import Counter
 
 import h5py
 import numpy as np
@@ -25,6 +27,50 @@ def test_vocab_trained_on_real_text_tokenizes_it(tmp_path, sotu_small):
     cased = tmp_path / "cased.txt"
     run_cli("vocab", "--input", sotu_small, "--vocab-size", 3000, "--no-lowercase", "--output", cased)
     assert "Government" in Vocab.load(cased).tokens
+
+
+def test_the_same_text_gives_the_same_vocabulary_with_any_thread_count(tmp_path, sotu_small):
+    """Hugging Face's WordPiece trainer breaks ties by hash-map order: 5 of 8,192 tokens and their
+    order differed between runs of the same command, with one Rayon thread too."""
+    written = []
+    for n, threads in enumerate((1, 1, 2, 2)):
+        out = tmp_path / f"vocab{n}.txt"
+        run_cli("vocab", "--input", sotu_small, "--vocab-size", 3000, "--output", out,
+                env={**os.environ, "RAYON_NUM_THREADS": str(threads), "RAYON_RS_NUM_CPUS": str(threads)})
+        written.append(out.read_bytes())
+    assert len(set(written)) == 1 and len(written[0].splitlines()) == 3000
+
+
+def test_wordpiece_merges_the_most_frequent_pair_and_breaks_ties_by_id():
+    from data_prep.wordpiece_trainer import train_wordpiece
+    specials = ("[PAD]", "[UNK]")
+    counts = Counter({"abc": 3, "ab": 2, "ac": 2, "xq": 1})
+    vocab = train_wordpiece(counts, 100, specials, min_frequency=2)
+    # the alphabet in code-point order, then the continuing pieces, then the merges by count:
+    # a+##b (5), then ab+##c (3), then a+##c (2); x+##q occurs once, below min_frequency
+    assert vocab == ["[PAD]", "[UNK]", "a", "b", "c", "q", "x", "##b", "##c", "##q", "ab", "abc", "ac"]
+    # equal counts: the pair of older tokens first, as Hugging Face's trainer orders them when
+    # its ids happen to be these
+    tied = train_wordpiece(Counter({"ab": 2, "ba": 2}), 100, specials, min_frequency=2)
+    assert tied[-2:] == ["ab", "ba"]
+    # the vocabulary's size is a ceiling
+    assert len(train_wordpiece(counts, 11, specials)) == 11
+
+
+def test_the_vocabulary_is_the_one_hugging_face_trains(sotu_small):
+    """Same algorithm, order fixed: the tokens are Hugging Face's (which itself varies by a few)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from commodity_bert.data.vocab import SPECIAL_TOKENS
+    from data_prep.wordpiece_trainer import count_words, train_wordpiece
+    lines = [line for line in sotu_small.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ours = train_wordpiece(count_words(lines, lowercase=True), 4000, SPECIAL_TOKENS)
+    reference = BertWordPieceTokenizer(lowercase=True, strip_accents=True)
+    reference.train_from_iterator(lines, vocab_size=4000, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                                  show_progress=False)
+    theirs = set(reference.get_vocab())
+    assert len(ours) == len(theirs) == 4000
+    assert len(theirs - set(ours)) <= 10, sorted(theirs - set(ours))
 
 
 def test_shards_use_a_trained_vocab(tmp_path, sotu_small):
