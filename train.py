@@ -33,9 +33,6 @@ from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_d
 from commodity_bert.comm.topology import Topology
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
-from commodity_bert.finetune.cli import UsageError
-from commodity_bert.finetune.tasks import TaskError
-from commodity_bert.finetune.watch import companion_command, start_beside_training
 from commodity_bert.model.bert import (
     ModelConfigError,
     PretrainingModel,
@@ -52,7 +49,7 @@ from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.project_block import section
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
-from commodity_bert.train import checkpoint
+from commodity_bert.train import checkpoint, downstream_watcher
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.failures import lost_peer_line
 from commodity_bert.train.host_memory import HeapTrimmer
@@ -194,17 +191,16 @@ def start_watcher(flags: str, run_dir: Path, rank: int) -> None:
     problem = [None]
     if rank == 0:
         try:
-            watcher_command = companion_command(run_dir, flags, os.getpid())
-        except (UsageError, TaskError, ValueError) as exc:  # ValueError: shlex, an unclosed quote
+            command = downstream_watcher.watcher_command(run_dir, flags, os.getpid())
+            downstream_watcher.check(command)
+        except downstream_watcher.WatcherError as exc:
             problem[0] = f"--watch-downstream: {exc}"
-        except SystemExit:  # argparse's -h
-            problem[0] = "--watch-downstream: give bert-finetune's flags (see bert-finetune --help)"
     dist.broadcast_object_list(problem, src=0)
     if problem[0]:
         fail(problem[0])
     if rank == 0:
         try:
-            start_beside_training(watcher_command, run_dir)
+            downstream_watcher.start(command, run_dir)
             print(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}",
                   flush=True)
         except OSError as exc:  # the probes are optional; the training is not

@@ -13,7 +13,7 @@ from conftest import COMMON, REPO, launch_cmd
 
 from commodity_bert.finetune import metrics, tasks
 from commodity_bert.finetune.cli import main as finetune_main
-from commodity_bert.finetune.watch import companion_command
+from commodity_bert.train.downstream_watcher import WatcherError, check, watcher_command
 
 FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "1",
         "--lr", "5e-5", "--min-steps", "0"]
@@ -325,8 +325,10 @@ def test_train_py_starts_the_watcher_beside_training(tmp_path, small, train_data
     run = tmp_path / "run"
     # what train.py checks before its first step (start_watcher), here in this process; how such a
     # refusal ends a launch (one line from rank 0, every rank out): test_bad_configs_are_refused_before_training
-    with pytest.raises(tasks.TaskError, match="--train nope.csv: no such file"):
-        companion_command(tmp_path / "bad", "--train nope.csv --validation x.csv", os.getpid())
+    with pytest.raises(WatcherError, match="^--train nope.csv: no such file"):
+        check(watcher_command(tmp_path / "bad", "--train nope.csv --validation x.csv", os.getpid()))
+    with pytest.raises(WatcherError, match="unrecognized arguments: --epoch-count"):
+        check(watcher_command(tmp_path / "bad", f"--train {train} --validation {dev} --epoch-count 2", os.getpid()))
     proc = subprocess.run(launch_cmd(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 8,
                                      "--save-every", 4, "--watch-downstream", watch_args),
                           cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -373,8 +375,8 @@ def test_a_bf16_runs_export_is_fine_tuned_in_fp32(tmp_path, run30):
     import torch
     from transformers import AutoModelForMaskedLM, BertForMaskedLM
 
-    from commodity_bert.model.export import export_hf_model
     from commodity_bert.finetune import models
+    from commodity_bert.model.export import export_hf_model
     trained = BertForMaskedLM.from_pretrained(str(run30 / "hf_model"), dtype=torch.bfloat16)  # as DeepSpeed's bf16
     assert trained.config.dtype == torch.bfloat16 and trained.dtype == torch.bfloat16
     vocab = tmp_path / "vocab.txt"

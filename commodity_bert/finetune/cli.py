@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-cache", action="store_true", help="tokenize again and keep nothing")
     run.add_argument("--json", type=Path, help="write the result object here")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.add_argument("--check-only", action="store_true",
+                     help="check the flags and read the task's files, then exit: 0, or 2 with the error line "
+                          "(train.py --watch-downstream checks its flags so before the first step)")
     watch = p.add_argument_group("--watch")
     watch.add_argument("--poll-seconds", type=float, default=30.0)
     watch.add_argument("--once", action="store_true", help="probe what is there now, then exit")
@@ -340,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         args = build_parser().parse_args(argv)
         check_arguments(args)
         task = load_task(args)  # before any model is read: a bad file is reported at once
+        if args.check_only:
+            return
         if args.write_train_text is not None:
             write_train_text(task, args.write_train_text)
             return

@@ -153,36 +153,3 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
             time.sleep(poll_seconds)
     finally:
         writer.close()
-
-
-def companion_command(run_dir: Path, finetune_args: str, training_pid: int) -> list[str]:
-    """The watcher train.py's --watch-downstream starts: on the CPU with one thread unless the
-    arguments say otherwise (the training owns the cores and GPUs), ending with the training.
-    The arguments are checked now, so a typo fails the launch instead of the probe an hour in."""
-    import shlex
-    import sys
-
-    from commodity_bert.finetune.cli import build_parser, check_arguments, load_task
-    argv = shlex.split(finetune_args)
-
-    def given(flag):
-        return any(a == flag or a.startswith(flag + "=") for a in argv)
-    if not given("--device"):
-        argv += ["--device", "cpu"]
-    if not given("--threads"):
-        argv += ["--threads", "1"]
-    argv = ["--watch", str(run_dir), "--stop-with-pid", str(training_pid), "--quiet", *argv]
-    args = build_parser().parse_args(argv)  # UsageError for a bad flag
-    check_arguments(args)
-    load_task(args)  # TaskError for a missing file or column
-    return [sys.executable, "-m", "commodity_bert.finetune", *argv]
-
-
-def start_beside_training(command: list[str], run_dir: Path):
-    """Started in its own session (the launcher's signals are for the ranks) at the lowest CPU
-    priority; its output goes to RUN/downstream.log."""
-    import subprocess
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "downstream.log", "a") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=lambda: os.nice(19))
