@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce  # noqa: E402
+from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce  # noqa: E402
 from commodity_bert.comm.topology import Topology  # noqa: E402
 
 NODE_OF = [0, 0, 1, 1]

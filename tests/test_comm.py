@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 from conftest import free_port
 
 from commodity_bert.comm.bytes_counter import BytesCounter
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, pack_nonnegative, unpack_nonnegative
+from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, pack_nonnegative, unpack_nonnegative
 
 
 def test_sign_bits_round_trip():
@@ -248,6 +248,10 @@ def test_bad_freeze_settings_are_refused_in_one_line(params, problem):
     config = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "OneBitLamb", "params": params}}
     with pytest.raises(LaunchError, match=problem):
         check_deepspeed_config(config, 2)
+    # the optimizer refuses them in the same words: one check, called before launch and when built
+    from commodity_bert.optim.onebit_lamb import OneBitLamb
+    with pytest.raises(ValueError, match=problem):
+        OneBitLamb([torch.zeros(2, requires_grad=True)], **params)
     check_deepspeed_config({**config, "optimizer": {"type": "OneBitLamb", "params": {
         "freeze_step": "auto", "freeze_max_step": 100}}}, 2)
 

@@ -1,4 +1,4 @@
-"""Streaming DiLoCo's parts (comm/lowbit.py, comm/diloco.py): the 4- and 8-bit quantization's
+"""Streaming DiLoCo's parts (collectives/lowbit.py, comm/diloco.py): the 4- and 8-bit quantization's
 error bounds, the low-bit average with error feedback on 2 real gloo ranks, fragments that cover
 every parameter of a BERT exactly once, and overlapped fragment updates each applied exactly once,
 against the outer step recomputed here. Resuming with an update in flight, through train.py:
@@ -17,7 +17,7 @@ from test_precision import TinyEmbeddingModel, _join
 
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo, split_into_fragments
-from commodity_bert.comm.lowbit import BLOCK, LowBitAverage, dequantize, levels, quantize
+from commodity_bert.collectives.lowbit import BLOCK, LowBitAverage, dequantize, levels, quantize
 from commodity_bert.model.bert import build_config, build_model
 from commodity_bert.optim.precision import MasterParams
 from commodity_bert.train.failures import lost_peer_line

@@ -20,7 +20,6 @@ import json
 import math
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,15 +27,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs, slurm
+from commodity_bert.ablate.record import Ablation, AblationError, atomic_write, run_downstream
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
-
-# settings that must be the same for every run in one ABL directory, or the comparison is not one
-FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")
-
-
-class AblationError(Exception):
-    pass
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -119,62 +112,6 @@ def hostfile_slots(path: Path) -> int:
     return slots
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-class Ablation:
-    """ABL/ablation.json: the settings, every variant and every run this directory has seen."""
-
-    def __init__(self, out: Path, settings: dict):
-        self.out = out
-        self.path = out / "ablation.json"
-        self.state = {"settings": settings, "variants": {}, "runs": [], "failures": {}}
-        if self.path.exists():
-            try:
-                earlier = json.loads(self.path.read_text())
-            except json.JSONDecodeError as exc:
-                raise AblationError(f"{self.path} is not valid JSON ({exc}); repair or remove it") from exc
-            for key in FIXED:
-                if earlier["settings"].get(key) != settings.get(key):
-                    raise AblationError(
-                        f"{out} holds runs with {key} = {earlier['settings'].get(key)!r}, not {settings.get(key)!r}; "
-                        f"an ablation compares runs made alike: use another --out, or the same {key}")
-            self.state = {**earlier, "settings": {**earlier["settings"], **settings}}
-
-    def add_variant(self, variant: grid.Variant, config: dict, max_steps: int) -> Path:
-        config_path = self.out / "configs" / f"{variant.name}.json"
-        text = json.dumps(config, indent=2) + "\n"
-        if config_path.exists() and config_path.read_text() != text:
-            raise AblationError(f"{config_path} differs from the variant {variant.name} asked for now; its runs "
-                                f"were made with the old one: use another --out, or remove that file and "
-                                f"{self.out / 'runs' / variant.name}")
-        config_path.parent.mkdir(parents=True, exist_ok=True)
-        if not config_path.exists():
-            atomic_write(config_path, text)
-        self.state["variants"][variant.name] = {"config": str(config_path), "changes": variant.changes,
-                                                "source": variant.source, "max_steps": max_steps}
-        return config_path
-
-    def add_run(self, run: runs.Run) -> None:
-        known = {(r["variant"], r["seed"]) for r in self.state["runs"]}
-        if (run.variant, run.seed) not in known:
-            self.state["runs"].append({"variant": run.variant, "seed": run.seed})
-
-    def all_runs(self) -> list[runs.Run]:
-        out = []
-        for r in self.state["runs"]:
-            v = self.state["variants"][r["variant"]]
-            out.append(runs.Run(r["variant"], r["seed"], Path(v["config"]),
-                                self.out / "runs" / r["variant"] / f"seed_{r['seed']}", v["max_steps"]))
-        return out
-
-    def save(self) -> None:
-        atomic_write(self.path, json.dumps(self.state, indent=1) + "\n")
-
-
 def failure_of(run: runs.Run, failures: dict) -> str | None:
     """Why the run failed: bert-ablate's record, or the one its Slurm array task left (failed.json)."""
     recorded = run.run_dir / "failed.json"
@@ -248,21 +185,6 @@ def hold_lock(out: Path):
     except BlockingIOError as exc:
         raise AblationError(f"another bert-ablate is running in {out}; wait for it, or use another --out") from exc
     return lock
-
-
-def run_downstream(run: runs.Run, task: str, extra: str) -> str | None:
-    """bert-finetune on the run's exported model; the error line if it fails."""
-    out = run.run_dir / "downstream.json"
-    finetune = Path(sys.executable).parent / "bert-finetune"
-    cmd = [str(finetune) if finetune.exists() else "bert-finetune", "--model", str(run.run_dir),
-           "--task", task, "--json", str(out), "--quiet", *shlex.split(extra)]
-    with open(run.run_dir / "downstream.log", "a") as log:
-        log.write(f"\n$ {shlex.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode:
-        return runs.error_line((run.run_dir / "downstream.log").read_text())
-    return None
 
 
 def plan(args: argparse.Namespace) -> tuple[Ablation, list[runs.Run]]:

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 from commodity_bert.ablate import runs
+from commodity_bert.ablate.record import Ablation, run_downstream
+from commodity_bert.model.card import refresh_card
 
 PRETRAIN_SBATCH = runs.REPO / "recipes" / "slurm" / "pretrain.sbatch"
 
@@ -111,8 +113,6 @@ def _without_slurm_flags(argv: list[str]) -> list[str]:
 def run_task(out: Path, index: int, downstream: str | None, downstream_args: str) -> int:
     """Array task `index`: train that run through pretrain.sbatch (which requeues the task when the
     run stops early), then record a failure or fine-tune the finished model."""
-    from commodity_bert.ablate.cli import Ablation, run_downstream
-    from commodity_bert.model.card import refresh_card
     state = json.loads((out / "ablation.json").read_text())
     settings = state["settings"]
     run = Ablation(out, settings).all_runs()[index]

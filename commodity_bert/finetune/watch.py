@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commodity_bert.finetune import models
-from commodity_bert.finetune.cli import evaluate
+from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.model.card import refresh_card
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, SUMMARY
 from commodity_bert.train import checkpoint as ckpt

@@ -27,8 +27,27 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, compressed_allreduce
+from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
+
+
+def check_params(params: dict) -> None:
+    """The config's "params" for OneBitLamb's freeze (also checked before launch:
+    train/launch_checks.py)."""
+    freeze, cap = params.get("freeze_step", 100000), params.get("freeze_max_step")
+
+    def positive(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    if freeze == "auto":
+        if not positive(cap):
+            raise ValueError('OneBitLamb "freeze_step": "auto" needs "freeze_max_step" (a positive step number, '
+                             'the latest step to freeze at), e.g. half of total_num_steps')
+    elif not positive(freeze):
+        raise ValueError(f'OneBitLamb freeze_step {freeze!r}: give a positive step number or "auto"')
+    window = params.get("freeze_window", 10)
+    if not positive(window):
+        raise ValueError(f"OneBitLamb freeze_window {window!r}: give a positive number of steps")
 
 
 class OneBitLamb(torch.optim.Optimizer):
@@ -43,13 +62,11 @@ class OneBitLamb(torch.optim.Optimizer):
                     "factor_max": factor_max, "factor_min": factor_min, "factor_threshold": factor_threshold,
                     "row_masked": False}
         super().__init__(params, defaults)
+        check_params({"freeze_step": freeze_step, "freeze_max_step": freeze_max_step,
+                      "freeze_window": freeze_window})
         self.auto_freeze = freeze_step == "auto"
         if self.auto_freeze:
-            if not freeze_max_step:
-                raise ValueError('"freeze_step": "auto" needs "freeze_max_step", the latest step to freeze at')
             freeze_step = freeze_max_step
-        if not isinstance(freeze_step, int) or isinstance(freeze_step, bool) or freeze_step < 1:
-            raise ValueError(f'freeze_step must be a positive step number or "auto", not {freeze_step!r}')
         self.freeze_step = freeze_step
         self.freeze_window = freeze_window
         self.freeze_threshold = freeze_threshold

@@ -18,7 +18,7 @@ Variance stage (t ≤ var_freeze_step). The variance is updated only on the step
 gradient the engine allreduced in full precision there; T_v's gaps start at 1 and double after
 every `var_update_scaler` updates (16 steps in a row, then 16 updates every second step, …). On
 the other steps the engine's allreduce is off and the gradient travels 1-bit compressed with
-error feedback (commodity_bert/comm/onebit_allreduce.py). Every step: m ← β1·m + (1 − β1)·g,
+error feedback (commodity_bert/collectives/onebit_allreduce.py). Every step: m ← β1·m + (1 − β1)·g,
 p ← p − lr·(m/(√v + ε) + wd·p).
 
 Local-step stage (t > var_freeze_step; v frozen, the error buffers restarted): each rank steps
@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from commodity_bert.comm.onebit_allreduce import CompressedAllreduce, compressed_allreduce
+from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
 
 
@@ -87,16 +87,25 @@ def variance_updates(var_freeze_step: int, var_update_scaler: int) -> int:
     return sum(kind == "full" for kind in step_kinds(var_freeze_step, var_freeze_step, var_update_scaler, 1, 1))
 
 
+def check_params(params: dict) -> None:
+    """The config's "params" for ZeroOneAdam (also checked before launch: train/launch_checks.py)."""
+    for name in ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
+        value = params.get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
+    if params.get("bias_correction", False):
+        raise ValueError('ZeroOneAdam has no bias correction (DeepSpeed\'s accepted the flag and ignored it); '
+                         'set "bias_correction": false or leave it out')
+
+
 class ZeroOneAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, var_freeze_step: int = 100000, var_update_scaler: int = 16,
                  local_step_scaler: int = 32678, local_step_clipper: int = 16, scale_block: int | None = 256):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
-        for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
-                            ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
+        check_params({"var_freeze_step": var_freeze_step, "var_update_scaler": var_update_scaler,
+                      "local_step_scaler": local_step_scaler, "local_step_clipper": local_step_clipper})
         self.var_freeze_step = var_freeze_step
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler

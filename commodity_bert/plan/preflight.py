@@ -233,11 +233,11 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
 
 
 def time_lowbit_average(params: int, device: torch.device, group, calls: int) -> float:
-    """DiLoCo's int4 average with error feedback (comm/lowbit.py) of a parameter-sized pseudo-
+    """DiLoCo's int4 average with error feedback (collectives/lowbit.py) of a parameter-sized pseudo-
     gradient on this rank's one-rank group: its quantize, pack, unpack and feedback passes, not
     the wire (median of `calls` after one to warm up). On CPU ranks these passes take as long as
     several inner steps' optimizer and are no less in a streamed exchange: they share its cores."""
-    from commodity_bert.comm.lowbit import LowBitAverage
+    from commodity_bert.collectives.lowbit import LowBitAverage
     average = LowBitAverage(params, 4, device, group, "nearest", True, 0)
     delta = torch.randn(params, device=device) * 1e-3
     times = []
@@ -258,7 +258,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     import deepspeed
 
     from commodity_bert.comm.grad_norm import gradient_norm
-    from commodity_bert.comm.onebit_allreduce import CompressedAllreduce
+    from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce
     from commodity_bert.model.bert import PretrainingModel, build_model
     from commodity_bert.optim.build import build_optimizer
     from commodity_bert.optim.precision import current_loss_scale, loss_for_backward

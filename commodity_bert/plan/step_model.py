@@ -61,7 +61,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from commodity_bert.comm.lowbit import BLOCK as LOWBIT_BLOCK
+from commodity_bert.collectives.lowbit import BLOCK as LOWBIT_BLOCK
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs

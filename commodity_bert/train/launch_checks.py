@@ -8,6 +8,7 @@ from pathlib import Path
 from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
 from commodity_bert.data.vocab import VocabError, model_vocabulary
+from commodity_bert.optim import onebit_lamb, zero_one_adam
 from commodity_bert.optim.build import (
     DEEPSPEED_BUILT,
     LAMB_IMPLEMENTATIONS,
@@ -27,6 +28,8 @@ PROJECT_SECTIONS = {
     "lamb": {"implementation"},
     "pretraining": {"mask_prob", "dropout"},
 }
+
+PARAMS_CHECKS = {"onebitlamb": onebit_lamb.check_params, "zerooneadam": zero_one_adam.check_params}
 
 
 class LaunchError(Exception):
@@ -97,10 +100,10 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if stage not in (0, 1, 2):
         raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
-    if name == "onebitlamb":
-        check_freeze_step(block.get("params", {}))
-    if name == "zerooneadam":
-        check_zero_one_adam(block.get("params", {}))
+    try:  # each optimizer of the project checks its own hyperparameters, here and when built
+        PARAMS_CHECKS.get(name, lambda params: None)(block.get("params", {}))
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from exc
     check_project_block(config)
     problem = topology.check_setting(config) or mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
     if problem:
@@ -155,33 +158,6 @@ def check_against_device(config: dict, on_cuda: bool) -> None:
     if bf16_enabled(config):
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" (FusedLamb) has no bf16 kernel in '
                           'DeepSpeed 0.19; use "project" (the default) or fp16')
-
-
-def check_zero_one_adam(params: dict) -> None:
-    for name in ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
-        value = params.get(name, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LaunchError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
-    if params.get("bias_correction", False):
-        raise LaunchError('ZeroOneAdam has no bias correction (DeepSpeed\'s accepted the flag and ignored it); '
-                          'set "bias_correction": false or leave it out')
-
-
-def check_freeze_step(params: dict) -> None:
-    freeze, cap = params.get("freeze_step", 100000), params.get("freeze_max_step")
-
-    def positive(x) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
-
-    if freeze == "auto":
-        if not positive(cap):
-            raise LaunchError('OneBitLamb "freeze_step": "auto" needs "freeze_max_step" (a positive step number, '
-                              'the latest step to freeze at), e.g. half of total_num_steps')
-    elif not positive(freeze):
-        raise LaunchError(f'OneBitLamb freeze_step {freeze!r}: give a positive step number or "auto"')
-    window = params.get("freeze_window", 10)
-    if not positive(window):
-        raise LaunchError(f"OneBitLamb freeze_window {window!r}: give a positive number of steps")
 
 
 def pretraining_settings(config: dict, manifest: dict, data_dir: str) -> dict:
