@@ -22,6 +22,7 @@ import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import deepspeed
 import torch
@@ -32,6 +33,7 @@ from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.comm.topology import Topology
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -171,7 +173,7 @@ def device_name(device: torch.device) -> str:
     return "CPU"
 
 
-def say(lines: list[str]) -> None:
+def say(*lines: str) -> None:
     """Lines for the user, once (rank 0)."""
     if dist.get_rank() == 0:
         for line in lines:
@@ -201,18 +203,13 @@ def start_watcher(flags: str, run_dir: Path, rank: int) -> None:
     if rank == 0:
         try:
             downstream_watcher.start(command, run_dir)
-            print(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}",
-                  flush=True)
+            say(f"downstream probes: {run_dir / 'downstream.jsonl'}, log {run_dir / 'downstream.log'}")
         except OSError as exc:  # the probes are optional; the training is not
-            print(f"warning: --watch-downstream: could not start the watcher ({exc}); training goes on",
-                  flush=True)
+            say(f"warning: --watch-downstream: could not start the watcher ({exc}); training goes on")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """One training run; `argv` as on the command line (benchmarks/gpu/session.py runs several in
-    one process, as a lent GPU's minutes cannot pay a launch per check)."""
-    args = parse_args(argv)
-    run_dir = Path(args.output_dir)
+def join_the_ranks(args) -> torch.device:
+    """This rank's device, its threads, and the process group (gloo on CPUs, NCCL on GPUs)."""
     on_cuda = torch.cuda.is_available()
     device = torch.device("cuda", args.local_rank) if on_cuda else torch.device("cpu")
     if on_cuda:
@@ -226,151 +223,236 @@ def main(argv: list[str] | None = None) -> None:
             print(f"removed {stale}: an interrupted compile of DeepSpeed's CPU op left it", flush=True)
     deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo",
                                timeout=timedelta(minutes=args.dist_timeout_minutes))
-    rank, world = dist.get_rank(), dist.get_world_size()
     if not on_cuda:
         dist.barrier()
-        release_deepspeed_shm_buffer(rank)
+        release_deepspeed_shm_buffer(dist.get_rank())
+    return device
 
-    # ---- checks, data and model: any rank's problem stops every rank before a step runs
+
+class Inputs(NamedTuple):
+    """What the launch was given, checked: the config, the batch sizes, the data, the model's shape."""
+    ds_config: dict
+    given_config: dict  # the file as it was given, for the record
+    total_batch: int
+    micro_batch: int
+    accumulation: int
+    data: ShardSet
+    model_config: object
+    recipe: dict  # the config's "pretraining" section: masking rate, dropout
+    batches: TrainingBatches
+    val_batches: ValidationBatches
+    max_steps: int  # --max-steps, or the scheduler's total
+
+
+def check_inputs(args, device: torch.device) -> Inputs:
+    """Any rank's problem stops every rank before a step runs: the rank that found it says it (a
+    shard may be one rank's), the others exit with the same status."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     problem = None
     try:
         ds_config = load_deepspeed_config(args.deepspeed_config)
-        given_config = json.loads(json.dumps(ds_config))  # for the record: the file as it was given
+        given_config = json.loads(json.dumps(ds_config))
         total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
-        check_against_device(ds_config, on_cuda)
-        manifest = fmt.load_manifest(args.data)
-        data_digest = hashlib.sha256((Path(args.data) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
-        model_config = build_config(args.model, manifest["vocab"]["size"])
-        check_data_against_model(manifest, model_config, args.data)
-        recipe = pretraining_settings(ds_config, manifest, args.data)  # masking rate, dropout
-        batches = TrainingBatches(args.data, manifest, rank, world, micro_batch, args.seed, args.num_workers,
+        check_against_device(ds_config, device.type == "cuda")
+        data = ShardSet.open(args.data)
+        model_config = build_config(args.model, data.vocab_size)
+        check_data_against_model(data.manifest, model_config, args.data)
+        recipe = pretraining_settings(ds_config, data.manifest, args.data)
+        batches = TrainingBatches(args.data, data.manifest, rank, world, micro_batch, args.seed, args.num_workers,
                                   args.shards_in_memory, mask_prob=recipe.get("mask_prob"))
-        val_batches = ValidationBatches(args.data, manifest, rank, world, micro_batch)
+        val_batches = ValidationBatches(args.data, data.manifest, rank, world, micro_batch)
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
         if problem:
-            fail(problem, everyone=True)  # the rank that found it says it; a shard may be one rank's
+            fail(problem, everyone=True)
         sys.exit(2)
     max_steps = args.max_steps or ds_config.get("scheduler", {}).get("params", {}).get("total_num_steps")
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")
-    if not on_cuda and (warning := cpu_bf16_warning(args.deepspeed_config, ds_config)):
-        say([warning])
+    if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, ds_config)):
+        say(warning)
+    return Inputs(ds_config, given_config, total_batch, micro_batch, accumulation, data, model_config, recipe,
+                  batches, val_batches, max_steps)
 
-    # ---- where checkpoints live, and which one every rank resumes from
-    node_local = not checkpoint.storage_is_shared(run_dir)
-    if node_local:  # every node keeps a whole checkpoint of its own
-        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "use_node_local_storage": True}}
-    explicit_resume = args.resume not in ("auto", "none")
-    resume_dir = Path(args.resume) if explicit_resume else run_dir / CHECKPOINTS
-    try:
-        resume_tag = None if args.resume == "none" else checkpoint.agree_on_resume(resume_dir, explicit_resume)
-    except checkpoint.CheckpointError as exc:
-        fail(str(exc))
-    if args.export_only and resume_tag is None:
-        fail(f"--export-only: no checkpoint in {resume_dir} to export; train first, or give --resume PATH")
 
+def pretraining_model(args, inputs: Inputs, resuming: bool):
+    """The HF BERT to train (from --init-from's weights where given), its config, and the
+    checkpoint --init-from names instead, if it does."""
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DeepSpeed also broadcasts them)
-    hf_model = build_model(model_config, nsp=manifest["nsp"])
+    model_config, data = inputs.model_config, inputs.data
+    hf_model = build_model(model_config, nsp=data.nsp)
     init_checkpoint = None
-    if args.init_from and resume_tag is None:
+    if args.init_from and not resuming:
         source = Path(args.init_from)
         weights = source / HF_MODEL if (source / HF_MODEL).is_dir() else source
         try:
             if any(weights.glob("*.safetensors")) or any(weights.glob("pytorch_model*.bin")):
-                hf_model = load_pretrained(weights, nsp=manifest["nsp"])
+                hf_model = load_pretrained(weights, nsp=data.nsp)
                 model_config = hf_model.config  # the architecture is the source's
-                check_data_against_model(manifest, model_config, args.data)
-                check_vocabulary_against_source(manifest, args.data, weights)
+                check_data_against_model(data.manifest, model_config, args.data)
+                check_vocabulary_against_source(data.manifest, args.data, weights)
             elif checkpoint.latest(source) or checkpoint.latest(source / CHECKPOINTS):
                 init_checkpoint = source if checkpoint.latest(source) else source / CHECKPOINTS
             else:
                 raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
         except (ModelConfigError, LaunchError) as exc:
             fail(str(exc))
-    if "dropout" in recipe:  # in training only: the exported config keeps its own rate for fine-tuning
-        set_dropout(hf_model, recipe["dropout"])
-    if section(ds_config, "activation_checkpointing").get("enabled"):
+    if "dropout" in inputs.recipe:  # in training only: the exported config keeps its own rate for fine-tuning
+        set_dropout(hf_model, inputs.recipe["dropout"])
+    if section(inputs.ds_config, "activation_checkpointing").get("enabled"):
         use_activation_checkpointing(hf_model)  # recompute each layer in backward: less memory
+    return hf_model, model_config, init_checkpoint
+
+
+def checkpoint_place(args, run_dir: Path, ds_config: dict) -> tuple[dict, bool, Path, str | None]:
+    """The config with node-local checkpoints where the run directory is not shared (every node
+    keeps a whole checkpoint of its own), whether it is, where checkpoints are read from, and the
+    one every rank resumes from (None: a fresh start)."""
+    node_local = not checkpoint.storage_is_shared(run_dir)
+    if node_local:
+        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "use_node_local_storage": True}}
+    explicit = args.resume not in ("auto", "none")
+    resume_dir = Path(args.resume) if explicit else run_dir / CHECKPOINTS
+    try:
+        tag = None if args.resume == "none" else checkpoint.agree_on_resume(resume_dir, explicit)
+    except checkpoint.CheckpointError as exc:
+        fail(str(exc))
+    if args.export_only and tag is None:
+        fail(f"--export-only: no checkpoint in {resume_dir} to export; train first, or give --resume PATH")
+    return ds_config, node_local, resume_dir, tag
+
+
+def plateau_check(args, inputs: Inputs, vocab_size: int, ds_config: dict, device) -> PlateauCheck | None:
+    """The check that warns while validation accuracy sits at the most frequent token's."""
+    if args.plateau_check_samples <= 0 or not inputs.data.manifest["splits"]["validation"]["samples"]:
+        return None
+    warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
+    return PlateauCheck(unigram_accuracy(inputs.val_batches, vocab_size, device), args.plateau_check_samples,
+                        warmup_steps)
+
+
+def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardSet) -> tuple[int, dict]:
+    """Every rank loads checkpoint `tag` (the same one: checkpoint.agree_on_resume) and goes on
+    from its batch, unless the data changed; the samples and clocks it had reached."""
+    state, rank_state = checkpoint.load(engine, resume_dir, tag=tag)
+    try:
+        mode.resume(state, rank_state, resume_dir / tag)
+    except comm_mode.ModeStateError as exc:
+        fail(str(exc))
+    trained_on = state.get("data_digest")
+    if trained_on in (None, data.digest):
+        batches.load_state_dict(state["data"])
+    elif args.allow_data_change:
+        say(f"--allow-data-change: {args.data} is not the data {tag} was trained on; starting at its first batch")
+    else:
+        fail(f"{resume_dir / tag} was trained on other data (manifest sha256 {trained_on[:12]}…, "
+             f"--data {args.data} has {data.digest[:12]}…); give the same --data to resume, "
+             f"or --allow-data-change to go on from these weights with this data")
+    say(f"resuming from {resume_dir / tag} at step {engine.global_steps}")
+    return state["samples"], state.get("clocks", {})
+
+
+def start_records(run_dir: Path, run_config: dict) -> None:
+    """RUN/run_config.json; the summary of an earlier launch goes, or it would say "finished" while
+    this one trains."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SUMMARY).unlink(missing_ok=True)
+    (run_dir / RUN_CONFIG).write_text(json.dumps(run_config, indent=1))
+
+
+def final_summary(engine, model, device, book, samples: int, stopped_by: str, last_eval: dict) -> dict:
+    """What summary.json says of the run (on every rank; rank 0 writes it): where it stopped, which
+    machine each rank ran on and its peak memory, whether the ranks hold one model."""
+    identical = parameters_identical_across_ranks(model, device)
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                   device_name(device)))
+    return {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
+            "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": len(hosts),
+            "hosts": [h for h, _, _ in hosts],
+            "peak_rss_mb": [round(mb, 1) for _, mb, _ in hosts], "devices": [d for _, _, d in hosts],
+            "params_identical_across_ranks": identical, **last_eval}
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """RUN/summary.json (renamed into place: a watcher may read it at any moment), then the model
+    card from the records just written."""
+    tmp = run_dir / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(run_dir / SUMMARY)
+    print(f"done: {json.dumps(summary)}", flush=True)
+    try:
+        write_card(run_dir)  # hf_model/README.md
+    except (OSError, KeyError, ValueError, ImportError) as exc:  # the model is exported; the card is extra
+        print(f"warning: no model card ({type(exc).__name__}: {exc})", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One training run; `argv` as on the command line (benchmarks/gpu/session.py runs several in
+    one process, as a lent GPU's minutes cannot pay a launch per check)."""
+    args = parse_args(argv)
+    run_dir = Path(args.output_dir)
+    device = join_the_ranks(args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    inputs = check_inputs(args, device)
+    data, batches, max_steps = inputs.data, inputs.batches, inputs.max_steps
+    ds_config, node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir, inputs.ds_config)
+
+    hf_model, model_config, init_checkpoint = pretraining_model(args, inputs, resuming=resume_tag is not None)
     model = PretrainingModel(hf_model)
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
     mode = comm_mode.select(ds_config)
-    # the optimizer first: it reads the project's block ("commodity_bert.lamb"), which the mode
-    # then takes out of what DeepSpeed gets
+    # the optimizer first: it reads "commodity_bert.lamb", which the mode then hides from DeepSpeed
     optimizer, parameters, ds_config = build_optimizer(ds_config, model)
     ds_config = mode.deepspeed_config(ds_config)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                   model_parameters=parameters,
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                                    config=without_our_monitors(ds_config))
     topology = Topology.discover()  # which ranks share a node: the launcher's hostfile
-    say(mode.attach(engine, optimizer, model, topology))
+    say(*mode.attach(engine, optimizer, model, topology))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     wire = BytesCounter(topology.node_of).install()
     samples, clocks = 0, {}
     if resume_tag is not None:
-        state, rank_state = checkpoint.load(engine, resume_dir, tag=resume_tag)
-        try:
-            mode.resume(state, rank_state, resume_dir / resume_tag)
-        except comm_mode.ModeStateError as exc:
-            fail(str(exc))
-        samples, clocks = state["samples"], state.get("clocks", {})
-        trained_on = state.get("data_digest")
-        if trained_on in (None, data_digest):
-            batches.load_state_dict(state["data"])
-        elif args.allow_data_change:
-            if rank == 0:
-                print(f"--allow-data-change: {args.data} is not the data {resume_tag} was trained on; "
-                      f"starting at its first batch", flush=True)
-        else:
-            fail(f"{resume_dir / resume_tag} was trained on other data (manifest sha256 {trained_on[:12]}…, "
-                 f"--data {args.data} has {data_digest[:12]}…); give the same --data to resume, "
-                 f"or --allow-data-change to go on from these weights with this data")
-        if rank == 0:
-            print(f"resuming from {resume_dir / resume_tag} at step {engine.global_steps}", flush=True)
+        samples, clocks = resume(args, engine, mode, batches, resume_dir, resume_tag, data)
     elif init_checkpoint is not None:
         checkpoint.load(engine, init_checkpoint, weights_only=True)
-    say(mode.ready())
-    lowercase = manifest["vocab"].get("lowercase", True)
-    vocab_path = Path(args.data) / fmt.VOCAB_NAME
+    say(*mode.ready())
 
     def export() -> None:
         # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own;
         # evaluation and export use the one the ranks share
         with mode.shared_model():
             if rank == 0:
-                export_hf_model(hf_model, vocab_path, lowercase, run_dir / HF_MODEL)
+                export_hf_model(hf_model, data.vocab_path, data.lowercase, run_dir / HF_MODEL)
 
     if args.export_only:
         export()
         dist.barrier()
         return
     run_config = json.loads(json.dumps(
-        {"args": vars(args), "deepspeed_config": given_config, "deepspeed_config_effective": ds_config,
+        {"args": vars(args), "deepspeed_config": inputs.given_config, "deepspeed_config_effective": ds_config,
          "comm_mode": mode.name, "world_size": world,
          "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # the summary of an earlier launch would say "finished" while this one trains
-        (run_dir / SUMMARY).unlink(missing_ok=True)
-        (run_dir / RUN_CONFIG).write_text(json.dumps(run_config, indent=1))
+        start_records(run_dir, run_config)
     if args.watch_downstream:
         start_watcher(args.watch_downstream, run_dir, rank)
     # metrics.jsonl, and the sinks of the config's tensorboard / csv_monitor / wandb blocks
     metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps, ds_config=ds_config,
                             run_config=run_config)
     stop = StopRequest()
-    book = Bookkeeping(device=device, world=world, total_batch=total_batch, max_steps=max_steps,
+    book = Bookkeeping(device=device, world=world, total_batch=inputs.total_batch, max_steps=max_steps,
                        log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
                        save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
                        wire=wire, nodes=len(topology.nodes), clocks=clocks)
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
-                        "clocks": book.clocks(), "data_digest": data_digest}
+                        "clocks": book.clocks(), "data_digest": data.digest}
         shared, rank_state = mode.state()
         client_state.update(shared)
         checkpoint.save(engine, run_dir / CHECKPOINTS, engine.global_steps, client_state,
@@ -379,21 +461,17 @@ def main(argv: list[str] | None = None) -> None:
 
     mode.begin(book.unlogged)
 
-    warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
-    plateau = None
-    if args.plateau_check_samples > 0 and manifest["splits"]["validation"]["samples"]:
-        with book.unlogged():  # the loop's own allreduce, not training's traffic
-            plateau = PlateauCheck(unigram_accuracy(val_batches, model_config.vocab_size, device),
-                                   args.plateau_check_samples, warmup_steps)
+    with book.unlogged():  # the loop's own allreduce, not training's traffic
+        plateau = plateau_check(args, inputs, model_config.vocab_size, ds_config, device)
 
     def validate(step: int) -> dict:
         """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""
-        result = book.evaluate(lambda: evaluate(engine, val_batches, device, mode.shared_model))
+        result = book.evaluate(lambda: evaluate(engine, inputs.val_batches, device, mode.shared_model))
         if plateau:
             fields, warning = plateau.fields(step, samples, result["val_mlm_acc"])
             result.update(fields)
-            if warning and rank == 0:
-                print(warning, flush=True)
+            if warning:
+                say(warning)
         return result
 
     # ---- the loop
@@ -407,11 +485,11 @@ def main(argv: list[str] | None = None) -> None:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
             mode.start_step(logged=book.is_log_step(step))
-            for micro in range(accumulation):
+            for micro in range(inputs.accumulation):
                 batch = book.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                boundary = micro == accumulation - 1
+                boundary = micro == inputs.accumulation - 1
                 with mode.micro_batch(boundary):
                     loss, stats = engine(batch)
                     engine.backward(scaled(loss))
@@ -422,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
             mode.after_step(step, last=step >= max_steps)
             trimmer.after_step(step)
             book.end_step(*mode.grad_norm())
-            samples += total_batch
+            samples += inputs.total_batch
             decision = book.decide(step, stop.signalled)
 
             if decision.log:
@@ -433,9 +511,7 @@ def main(argv: list[str] | None = None) -> None:
                     last_eval = validate(step)
                     row.update(last_eval)
                 metrics.log(row)
-                if rank == 0:
-                    print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
-                          flush=True)
+                say(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
             elif decision.evaluate:
                 trained_s = book.trained_s()
                 last_eval = validate(step)
@@ -445,8 +521,7 @@ def main(argv: list[str] | None = None) -> None:
                     save()
             if decision.stop in ("signal", "time budget"):
                 stopped_by = decision.stop
-                if rank == 0:
-                    print(f"stopping at step {step}: {decision.stop}; checkpoint saved", flush=True)
+                say(f"stopping at step {step}: {decision.stop}; checkpoint saved")
                 break
     except checkpoint.CheckpointError as exc:
         data_iter.close()
@@ -454,31 +529,14 @@ def main(argv: list[str] | None = None) -> None:
     except DataError as exc:  # a shard changed on disk since the start; the launcher stops the others
         data_iter.close()
         fail(str(exc), everyone=True)
-    # Stop the loader workers now: they ignore SIGTERM (data/loader.py:_ignore_stop_signals), so if anything (a compiled
-    # graph did) keeps the loader alive until interpreter exit, multiprocessing's exit handler
-    # would wait on them for ever.
+    # the loader's workers ignore SIGTERM (data/loader.py): kept alive to the interpreter's exit (a
+    # compiled graph did), multiprocessing's exit handler would wait on them for ever
     data_iter.close()
-    identical = parameters_identical_across_ranks(model, device)
-    hosts = [None] * world  # which machine each rank ran on, and its peak memory, for the record
-    dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                                   device_name(device)))
+    summary = final_summary(engine, model, device, book, samples, stopped_by, last_eval)
     export()
-    summary = None
     if rank == 0:
-        summary = {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
-                   "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": world,
-                   "hosts": [h for h, _, _ in hosts],
-                   "peak_rss_mb": [round(mb, 1) for _, mb, _ in hosts], "devices": [d for _, _, d in hosts],
-                   "params_identical_across_ranks": identical, **last_eval}
-        tmp = run_dir / "summary.json.tmp"  # a watcher may read it at any moment
-        tmp.write_text(json.dumps(summary, indent=1))
-        tmp.replace(run_dir / SUMMARY)
-        print(f"done: {json.dumps(summary)}", flush=True)
-        try:
-            write_card(run_dir)  # hf_model/README.md, from the records just written
-        except (OSError, KeyError, ValueError, ImportError) as exc:  # the model is exported; the card is extra
-            print(f"warning: no model card ({type(exc).__name__}: {exc})", flush=True)
-    metrics.close(summary)
+        write_summary(run_dir, summary)
+    metrics.close(summary if rank == 0 else None)
     dist.barrier()
 
 
