@@ -7,8 +7,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import free_port
 
+from commodity_bert.collectives.onebit_allreduce import (
+    CompressedAllreduce,
+    pack_nonnegative,
+    unpack_nonnegative,
+)
 from commodity_bert.comm.bytes_counter import BytesCounter
-from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, pack_nonnegative, unpack_nonnegative
 
 
 def test_sign_bits_round_trip():

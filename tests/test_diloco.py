@@ -9,9 +9,9 @@ import torch.distributed as dist
 from conftest import spawn_ranks
 from test_precision import TinyEmbeddingModel, _fp16_wrapper, _join
 
+from commodity_bert.collectives.lowbit import BLOCK as INT8_BLOCK
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo
-from commodity_bert.collectives.lowbit import BLOCK as INT8_BLOCK
 from commodity_bert.optim.precision import MasterParams
 
 INNER, LR, MOMENTUM = 3, 0.7, 0.9

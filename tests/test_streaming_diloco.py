@@ -15,9 +15,9 @@ from conftest import spawn_ranks
 from test_diloco import _flat, _gathered, _inner_steps
 from test_precision import TinyEmbeddingModel, _join
 
+from commodity_bert.collectives.lowbit import BLOCK, LowBitAverage, dequantize, levels, quantize
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo, split_into_fragments
-from commodity_bert.collectives.lowbit import BLOCK, LowBitAverage, dequantize, levels, quantize
 from commodity_bert.model.bert import build_config, build_model
 from commodity_bert.optim.precision import MasterParams
 from commodity_bert.train.failures import lost_peer_line

@@ -10,9 +10,9 @@ import torch.distributed as dist
 from conftest import spawn_ranks
 from test_comm import _join_gloo
 
+from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import average
-from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce
 from commodity_bert.comm.topology import Topology, check_setting
 
 WORLD, NODE_OF = 4, [0, 0, 1, 1]

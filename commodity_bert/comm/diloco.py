@@ -54,8 +54,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from commodity_bert.comm import bytes_counter
 from commodity_bert.collectives.lowbit import ROUNDINGS, LowBitAverage
+from commodity_bert.comm import bytes_counter
 from commodity_bert.comm.topology import world_timeout
 from commodity_bert.optim.precision import MasterParams
 from commodity_bert.project_block import PROJECT_BLOCK

@@ -257,8 +257,8 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     between backward and the optimizer step, timed apart: its memory passes, not the wire."""
     import deepspeed
 
-    from commodity_bert.comm.grad_norm import gradient_norm
     from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce
+    from commodity_bert.comm.grad_norm import gradient_norm
     from commodity_bert.model.bert import PretrainingModel, build_model
     from commodity_bert.optim.build import build_optimizer
     from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
