@@ -256,11 +256,11 @@ def check_inputs(args, device: torch.device) -> Inputs:
         check_against_device(ds_config, device.type == "cuda")
         data = ShardSet.open(args.data)
         model_config = build_config(args.model, data.vocab_size)
-        check_data_against_model(data.manifest, model_config, args.data)
-        recipe = pretraining_settings(ds_config, data.manifest, args.data)
-        batches = TrainingBatches(args.data, data.manifest, rank, world, micro_batch, args.seed, args.num_workers,
-                                  args.shards_in_memory, mask_prob=recipe.get("mask_prob"))
-        val_batches = ValidationBatches(args.data, data.manifest, rank, world, micro_batch)
+        check_data_against_model(data, model_config)
+        recipe = pretraining_settings(ds_config, data)
+        batches = TrainingBatches(data, rank, world, micro_batch, args.seed, args.num_workers, args.shards_in_memory,
+                                  mask_prob=recipe.get("mask_prob"))
+        val_batches = ValidationBatches(data, rank, world, micro_batch)
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
@@ -290,8 +290,8 @@ def pretraining_model(args, inputs: Inputs, resuming: bool):
             if any(weights.glob("*.safetensors")) or any(weights.glob("pytorch_model*.bin")):
                 hf_model = load_pretrained(weights, nsp=data.nsp)
                 model_config = hf_model.config  # the architecture is the source's
-                check_data_against_model(data.manifest, model_config, args.data)
-                check_vocabulary_against_source(data.manifest, args.data, weights)
+                check_data_against_model(data, model_config)
+                check_vocabulary_against_source(data, weights)
             elif checkpoint.latest(source) or checkpoint.latest(source / CHECKPOINTS):
                 init_checkpoint = source if checkpoint.latest(source) else source / CHECKPOINTS
             else:

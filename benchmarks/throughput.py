@@ -51,6 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold a
 from bench_common import make_shards
 
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import TrainingBatches
 from commodity_bert.model.bert import (
     PretrainingModel,
@@ -70,8 +71,7 @@ def prepare_data(input_spec: str, seq_len: int, work: Path) -> Path:
 
 
 def project_batches(data: Path, micro_batch: int, count: int) -> list[dict]:
-    manifest = fmt.load_manifest(data)
-    batches = TrainingBatches(data, manifest, rank=0, world=1, micro_batch=micro_batch, seed=1, num_workers=0)
+    batches = TrainingBatches(ShardSet.open(data), rank=0, world=1, micro_batch=micro_batch, seed=1, num_workers=0)
     stream = iter(batches)
     return [next(stream) for _ in range(count)]
 

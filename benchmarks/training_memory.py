@@ -129,14 +129,14 @@ def train(repo: Path, data: Path, run: Path, steps: int, extra: list[str], model
 
 LOADER_PEAK = """
 import inspect, sys, time
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import TrainingBatches
 def peak_mb():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 data, batches = sys.argv[1], int(sys.argv[2])
 open("/proc/self/clear_refs", "w").write("5")  # the peak from here on
 start, started = peak_mb(), time.perf_counter()
-loader = TrainingBatches(data, fmt.load_manifest(data), 0, 2, 32, seed=1, num_workers=0)
+loader = TrainingBatches(ShardSet.open(data), 0, 2, 32, seed=1, num_workers=0)
 stream = iter(loader)
 for _ in range(batches):
     next(stream)

@@ -109,6 +109,7 @@ def run_hf_trainer(args) -> None:
     )
 
     from commodity_bert.data import shard_format as fmt
+    from commodity_bert.data.dataset import ShardSet
     from commodity_bert.data.loader import ValidationBatches, load_arrays
     from commodity_bert.model.bert import build_config
 
@@ -119,7 +120,7 @@ def run_hf_trainer(args) -> None:
     order = np.random.default_rng(args.seed).permutation(len(sequences))
     train_set = Dataset.from_dict({"input_ids": [sequences[i] for i in order]})
     tokenizer = BertTokenizerFast(vocab=str(data / fmt.VOCAB_NAME), do_lower_case=True)
-    val = ValidationBatches(data, manifest, 0, 1, args.micro_batch)  # all of it, as train.py scores
+    val = ValidationBatches(ShardSet.open(data), 0, 1, args.micro_batch)  # all of it, as train.py scores
     torch.manual_seed(args.seed)
     model = BertForMaskedLM._from_config(copy.deepcopy(build_config(args.model, manifest["vocab"]["size"])),
                                          attn_implementation="sdpa")

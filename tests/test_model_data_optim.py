@@ -11,6 +11,7 @@ import torch
 from conftest import run_cli
 
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import (
     ID_STRATUM,
     BatchMaker,
@@ -20,10 +21,10 @@ from commodity_bert.data.loader import (
     round_schedule,
     spread_strata,
 )
+from commodity_bert.data.vocab import Vocab
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.lamb import Lamb
-from commodity_bert.data.vocab import Vocab
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +146,11 @@ def test_pretraining_section_sets_the_masking_rate_and_the_dropout(datasets):
     assert 2.2 < masked / shards_rate["masked_labels"].numel() < 2.9  # 0.4 / 0.15 = 2.67
     config = {"commodity_bert": {"pretraining": {"mask_prob": 0.4, "dropout": 0.0}}}
     check_project_block(config)
-    assert pretraining_settings(config, manifest, str(data)) == {"mask_prob": 0.4, "dropout": 0.0}
-    static = fmt.load_manifest(datasets / "static")
+    assert pretraining_settings(config, ShardSet.open(data)) == {"mask_prob": 0.4, "dropout": 0.0}
+    static = ShardSet.open(datasets / "static")
     with pytest.raises(LaunchError, match="needs dynamically masked shards.*--masking dynamic"):
-        pretraining_settings(config, static, "static")
-    assert pretraining_settings({"commodity_bert": {"pretraining": {"dropout": 0.0}}}, static, "static")
+        pretraining_settings(config, static)
+    assert pretraining_settings({"commodity_bert": {"pretraining": {"dropout": 0.0}}}, static)
     for bad in ({"mask_prob": 0}, {"mask_prob": 1.0}, {"mask_prob": "fast"}, {"dropout": -0.1}, {"dropout": True}):
         with pytest.raises(LaunchError, match=r"pretraining\.\w+.*give a number in"):
             check_project_block({"commodity_bert": {"pretraining": bad}})
@@ -176,7 +177,7 @@ def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world
     seen, mixes = [], []
     shares = np.array(manifest["splits"]["train"]["strata_shares"])
     for rank in range(world):
-        batches = TrainingBatches(data, manifest, rank, world, micro, seed=1, num_workers=0, shards_in_memory=in_memory)
+        batches = TrainingBatches(ShardSet.open(data), rank, world, micro, seed=1, num_workers=0, shards_in_memory=in_memory)
         plan = _epoch_plan(batches)
         mixes.append(np.stack([np.bincount((row >> ID_STRATUM) & 15, minlength=len(shares)) for row in plan]))
         # a sample's identity: its token row, read back through the batches the rank trains
@@ -220,7 +221,7 @@ def test_an_epoch_of_batches_trains_the_rare_length_stratum(datasets, in_memory)
     manifest = fmt.load_manifest(data)
     rare = int(np.argmin([c if c else np.inf for c in manifest["splits"]["train"]["strata_counts"]]))
     assert 0 < manifest["splits"]["train"]["strata_shares"][rare] * 32 < 0.5
-    batches = TrainingBatches(data, manifest, 0, 1, 32, seed=5, num_workers=0, shards_in_memory=in_memory)
+    batches = TrainingBatches(ShardSet.open(data), 0, 1, 32, seed=5, num_workers=0, shards_in_memory=in_memory)
     stream = iter(batches)
     lengths = []
     while batches.epoch == 0:
@@ -235,10 +236,9 @@ def test_an_epoch_of_batches_trains_the_rare_length_stratum(datasets, in_memory)
 def test_training_batches_resume_at_their_position(datasets, in_memory):
     """Mid-round, at a round's first batch and in the next epoch; with and without a loader worker."""
     data = datasets / "dynamic"
-    manifest = fmt.load_manifest(data)
 
     def batches_from(seed, micro_batch, workers):
-        return TrainingBatches(data, manifest, 0, 1, micro_batch, seed=seed, num_workers=workers,
+        return TrainingBatches(ShardSet.open(data), 0, 1, micro_batch, seed=seed, num_workers=workers,
                                shards_in_memory=in_memory)
     # a seed and micro-batch whose round 0 carries samples into round 1, where two of the
     # positions below resume (whether it does depends on the shards' sizes)
@@ -258,7 +258,7 @@ def test_training_batches_resume_at_their_position(datasets, in_memory):
         for expected in batches[position:position + 3]:
             got = next(resumed)
             assert all(torch.equal(got[k], expected[k]) for k in expected)
-    val = list(ValidationBatches(data, manifest, 0, 1, 8))
+    val = list(ValidationBatches(ShardSet.open(data), 0, 1, 8))
     assert val and all(b["masked_labels"].numel() for b in val)  # held-out split is pre-masked
 
 
@@ -277,7 +277,7 @@ def test_each_rank_holds_only_its_part_of_the_held_out_split(tmp_path, sotu_smal
     for world in (1, 3):
         held = 0
         for rank in range(world):
-            val = ValidationBatches(data, manifest, rank, world, 8)
+            val = ValidationBatches(ShardSet.open(data), rank, world, 8)
             mine = order[rank::world]
             expected = [maker(mine[i:i + 8], ()) for i in range(0, len(mine), 8)]
             got = list(val)
@@ -400,14 +400,14 @@ def _tiled_dataset(source: Path, out: Path, num_shards: int, samples_per_shard: 
 
 EPOCH_PEAK_RSS = """
 import sys
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import TrainingBatches
 def peak_mb():
     return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
 data, in_memory = sys.argv[1], int(sys.argv[2])
 open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: torch's import peaks higher
 start = peak_mb()
-batches = TrainingBatches(data, fmt.load_manifest(data), 0, 1, 256, seed=1, num_workers=0, shards_in_memory=in_memory)
+batches = TrainingBatches(ShardSet.open(data), 0, 1, 256, seed=1, num_workers=0, shards_in_memory=in_memory)
 stream = iter(batches)
 while batches.epoch == 0:
     next(stream)

@@ -7,9 +7,22 @@ import time
 
 import psutil
 import pytest
-from conftest import (COMMON, CPU_CONFIG, ONEBIT, REPO, crashed_after, launch_cmd, load_manifest, relaunched, rows,
-                      run_cli, train, window_loss)
+from conftest import (
+    COMMON,
+    CPU_CONFIG,
+    ONEBIT,
+    REPO,
+    crashed_after,
+    launch_cmd,
+    load_manifest,
+    relaunched,
+    rows,
+    run_cli,
+    train,
+    window_loss,
+)
 
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.model.bert import ModelConfigError, build_config
 from commodity_bert.train.launch_checks import LaunchError, check_data_against_model, check_deepspeed_config
 
@@ -178,16 +191,16 @@ def test_a_bin_only_bert_is_continued_on_shards_of_its_own_vocabulary_and_casing
     tokens, lowercase = model_vocabulary(source)  # the export holds tokenizer.json, not vocab.txt
     assert (cased / "vocab.txt").read_text().splitlines() == tokens and lowercase is False
     assert manifest["vocab"]["lowercase"] is False
-    check_vocabulary_against_source(manifest, str(cased), source)  # they match: no error
+    check_vocabulary_against_source(ShardSet.open(cased), source)  # they match: no error
 
     manifest = load_manifest(data)  # lower-cased shards against the cased model
     with pytest.raises(LaunchError) as error:
-        check_vocabulary_against_source(manifest, str(data), source)
+        check_vocabulary_against_source(ShardSet.open(data), source)
     assert "the model is cased but" in str(error.value) and f"--vocab {source}" in str(error.value)
     tokens[200], tokens[201] = tokens[201], tokens[200]  # the same size, other ids (vocab.txt goes first)
     (source / "vocab.txt").write_text("\n".join(tokens) + "\n")
     with pytest.raises(LaunchError) as error:
-        check_vocabulary_against_source(manifest, str(data), source)
+        check_vocabulary_against_source(ShardSet.open(data), source)
     assert "they differ from id 200" in str(error.value) and "\n" not in str(error.value)
 
 
@@ -292,7 +305,7 @@ def test_bad_configs_are_refused_in_one_line(tmp_path, data, case):
     manifest = load_manifest(data)
     with pytest.raises((LaunchError, ModelConfigError)) as error:
         check_deepspeed_config(config, ranks)
-        check_data_against_model(manifest, build_config(str(model), manifest["vocab"]["size"]), str(data))
+        check_data_against_model(ShardSet.open(data), build_config(str(model), manifest["vocab"]["size"]))
     assert phrase in str(error.value) and "\n" not in str(error.value)
 
 

@@ -11,6 +11,7 @@ import torch
 from conftest import REPO, config_file, rows, train, window_loss
 
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.loader import TrainingBatches
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model, load_pretrained
 
@@ -39,7 +40,7 @@ def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=N
             hf = load_pretrained(pretrained, nsp=manifest["nsp"])
         model = PretrainingModel(hf).train()
         torch.manual_seed(SEED + rank)
-        stream = iter(TrainingBatches(data, manifest, rank, world, micro_batch, SEED, 0))
+        stream = iter(TrainingBatches(ShardSet.open(data), rank, world, micro_batch, SEED, 0))
         for _ in range(accumulation):
             loss, _ = model(next(stream))
             (loss / accumulation).backward()

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.masking import mask_sequence
 from commodity_bert.data.vocab import Vocab
 
@@ -356,17 +357,17 @@ class TrainingBatches:
     of at most `shards_in_memory` of its shards (plus the one being read, and the few samples
     carried between rounds); 0 holds all of them."""
 
-    def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int,
-                 seed: int, num_workers: int, shards_in_memory: int = SHARDS_IN_MEMORY,
-                 mask_prob: float | None = None):
-        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data_dir))
-        self.reader = ShardReader(data_dir, manifest)
+    def __init__(self, data: ShardSet, rank: int, world: int, micro_batch: int, seed: int, num_workers: int,
+                 shards_in_memory: int = SHARDS_IN_MEMORY, mask_prob: float | None = None):
+        manifest = data.manifest
+        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data.path))
+        self.reader = ShardReader(data.path, manifest)
         # every shard this rank will read, checked now: a missing or changed one stops the launch
         # in one line from every rank, before a step, not one rank hours later (each is checked
         # again when its round loads it)
         for share in self.stream.shares[rank]:
             check_shard_file(self.reader.paths[share.shard], self.reader.entries[share.shard]["sha256"])
-        self.manifest, self.vocab = manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
+        self.manifest, self.vocab = manifest, Vocab.load(data.vocab_path)
         self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
         self.mask_prob = mask_prob  # None: the shards' own rate
@@ -418,12 +419,13 @@ class ValidationBatches:
     rank keeps only its 1/world of the samples, in the shards' compact dtypes, and reads the
     shards one at a time to pick them out, never the whole split at once."""
 
-    def __init__(self, data_dir: str | Path, manifest: dict, rank: int, world: int, micro_batch: int):
+    def __init__(self, data: ShardSet, rank: int, world: int, micro_batch: int):
         self.micro_batch, self.orders, self.maker = micro_batch, np.zeros(0, dtype=np.int64), None
+        manifest = data.manifest
         split = manifest["splits"]["validation"]
         if not split["shards"] or split["samples"] == 0:
             return
-        paths = fmt.shard_paths(data_dir, manifest, "validation")
+        paths = fmt.shard_paths(data.path, manifest, "validation")
         digests = [entry["sha256"] for entry in split["shards"]]
         sizes = [entry["samples"] for entry in split["shards"]]
         lengths = []
@@ -448,7 +450,7 @@ class ValidationBatches:
                 kept[key][inside] = values[kept_ids[inside] - starts[k]]
             del arrays
         self.orders = np.searchsorted(kept_ids, mine)
-        self.maker = BatchMaker(kept, manifest, Vocab.load(Path(data_dir) / fmt.VOCAB_NAME), seed=0, static=True)
+        self.maker = BatchMaker(kept, manifest, Vocab.load(data.vocab_path), seed=0, static=True)
 
     def __len__(self) -> int:
         return -(-len(self.orders) // self.micro_batch)

@@ -172,7 +172,7 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
     """Forward + backward of one micro-batch and the optimizer's step, with DeepSpeed's engine
     and precision wrappers but without its gradient allreduce; then 1-bit LAMB's step in its
     compression stage, its compressed allreduce on a one-rank group (the work, not the wire)."""
-    from commodity_bert.data import shard_format as fmt
+    from commodity_bert.data.dataset import ShardSet
     from commodity_bert.data.loader import TrainingBatches
     from commodity_bert.model.bert import build_config, training_flops
     from commodity_bert.project_block import section, without_block
@@ -189,13 +189,12 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
                   and k not in ("coeff_beta", "scale_block")}
         config["optimizer"] = {"type": "Lamb", "params": params}
     if args.data:
-        manifest = fmt.load_manifest(args.data)
-        vocab_size, nsp = manifest["vocab"]["size"], manifest["nsp"]
-        seq_len = manifest.get("seq_len", args.seq_len)
+        data = ShardSet.open(args.data)
+        vocab_size, nsp = data.vocab_size, data.nsp
+        seq_len = data.manifest.get("seq_len", args.seq_len)
         # with the loader's worker processes, as train.py runs them: on a CPU they share its cores
         # at the config's masking rate, which sets the MLM head's work
-        batches = iter(TrainingBatches(args.data, manifest, rank, world, args.micro_batch, seed=0,
-                                       num_workers=args.num_workers,
+        batches = iter(TrainingBatches(data, rank, world, args.micro_batch, seed=0, num_workers=args.num_workers,
                                        mask_prob=section(ds_config, "pretraining").get("mask_prob")))
     else:
         vocab_size, nsp, seq_len = args.vocab_size, True, args.seq_len

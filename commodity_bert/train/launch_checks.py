@@ -7,6 +7,7 @@ from pathlib import Path
 
 from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
+from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.vocab import VocabError, model_vocabulary
 from commodity_bert.optim import onebit_lamb, zero_one_adam
 from commodity_bert.optim.build import (
@@ -160,19 +161,19 @@ def check_against_device(config: dict, on_cuda: bool) -> None:
                           'DeepSpeed 0.19; use "project" (the default) or fp16')
 
 
-def pretraining_settings(config: dict, manifest: dict, data_dir: str) -> dict:
+def pretraining_settings(config: dict, data: ShardSet) -> dict:
     """The config's "commodity_bert.pretraining" section, checked against the data: a masking rate
     other than the shards' needs shards masked as they are read (dynamic), since static shards
     hold their masks."""
     settings = section(config, "pretraining")
-    if "mask_prob" in settings and manifest["splits"]["train"]["masking"] == "static":
-        raise LaunchError(f'"commodity_bert.pretraining.mask_prob" needs dynamically masked shards, but {data_dir} '
-                          f'holds static masks (at {manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
+    if "mask_prob" in settings and data.manifest["splits"]["train"]["masking"] == "static":
+        raise LaunchError(f'"commodity_bert.pretraining.mask_prob" needs dynamically masked shards, but {data.path} '
+                          f'holds static masks (at {data.manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
                           f'again with bert-data-prep shards --masking dynamic, or drop the key')
     return settings
 
 
-def check_vocabulary_against_source(manifest: dict, data_dir: str, source: Path) -> None:
+def check_vocabulary_against_source(data: ShardSet, source: Path) -> None:
     """A model to continue from (--init-from) and the shards must share their tokens, not only
     their count: the same ids must mean the same word pieces, and the text must be cased as the
     model was trained. Checked where the source has a tokenizer (an export, a Hugging Face BERT)."""
@@ -184,22 +185,22 @@ def check_vocabulary_against_source(manifest: dict, data_dir: str, source: Path)
         return
     theirs, model_lowercase = found
     fix = f"make shards with its vocabulary: bert-data-prep shards --vocab {source} ..."
-    ours = (Path(data_dir) / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    ours = data.vocab_path.read_text(encoding="utf-8").splitlines()
     if ours != theirs:
         differ = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        raise LaunchError(f"--init-from {source}: its vocabulary ({len(theirs)} tokens) is not the one {data_dir} was "
+        raise LaunchError(f"--init-from {source}: its vocabulary ({len(theirs)} tokens) is not the one {data.path} was "
                           f"tokenized with ({len(ours)} tokens; they differ from id {differ}); {fix}")
-    lowercase = manifest["vocab"].get("lowercase", True)
+    lowercase = data.lowercase
     if model_lowercase != lowercase:
         raise LaunchError(f"--init-from {source}: the model is {'uncased' if model_lowercase else 'cased'} but "
-                          f"{data_dir} was made {'lower-cased' if lowercase else 'with its case kept'}; {fix}")
+                          f"{data.path} was made {'lower-cased' if lowercase else 'with its case kept'}; {fix}")
 
 
-def check_data_against_model(manifest: dict, model_config, data_dir: str) -> None:
-    if manifest["seq_len"] > model_config.max_position_embeddings:
-        raise LaunchError(f"{data_dir} has sequences of {manifest['seq_len']} tokens but the model has "
+def check_data_against_model(data: ShardSet, model_config) -> None:
+    if data.manifest["seq_len"] > model_config.max_position_embeddings:
+        raise LaunchError(f"{data.path} has sequences of {data.manifest['seq_len']} tokens but the model has "
                           f"{model_config.max_position_embeddings} positions; raise max_position_embeddings "
                           f"or use shorter shards")
-    if manifest["vocab"]["size"] != model_config.vocab_size:
-        raise LaunchError(f"{data_dir} was tokenized with {manifest['vocab']['size']} tokens but the model's "
+    if data.vocab_size != model_config.vocab_size:
+        raise LaunchError(f"{data.path} was tokenized with {data.vocab_size} tokens but the model's "
                           f"vocab_size is {model_config.vocab_size}; use matching data and model")
