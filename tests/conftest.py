@@ -300,7 +300,10 @@ def crashed_after(whole, step: int, pieces):
 
 
 def relaunched(proc, whole, pieces, step: int) -> None:
-    """`pieces`, relaunched by `proc`, resumed from `step` and now holds `whole`'s history."""
+    """`pieces`, relaunched by `proc`, resumed from `step` and now holds `whole`'s history. Its rows
+    up to `step` come from a launch of their own, so this also holds two launches of the same run
+    on the same shards to identical losses (the suite's shards and vocabulary are the same bytes
+    every session: data_prep/wordpiece_trainer.py)."""
     assert f"resuming from {pieces / 'checkpoints' / f'step_{step:08d}'} at step {step}" in proc.stdout, proc.stdout
     keys = ("step", "samples", "loss", "mlm_acc", "grad_norm", "loss_scale", "lr", "bytes_sent", "comm_rounds",
             "val_mlm_acc", "val_loss")
