@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from commodity_bert.data.vocab import SPECIAL_TOKENS, Vocab
@@ -33,9 +32,9 @@ def train_vocab(inputs: list[str], output: str, vocab_size: int, lowercase: bool
         raise PrepError(f"no text found in {', '.join(inputs)}; pass files with text in them")
     tokens = train_wordpiece(word_counts, vocab_size, SPECIAL_TOKENS, min_frequency)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=out.parent, suffix=".tmp", delete=False) as tmp:
-        tmp.write("".join(token + "\n" for token in tokens))
-    os.replace(tmp.name, out)
+    tmp = out.with_name(out.name + ".tmp")  # renamed into place: an interrupted run leaves no half file
+    tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+    os.replace(tmp, out)
     for line in skipped.summary():
         print(f"bert-data-prep: warning: {line}", file=sys.stderr)
     return Vocab.load(out)

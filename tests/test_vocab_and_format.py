@@ -39,6 +39,13 @@ def test_the_same_text_gives_the_same_vocabulary_with_any_thread_count(tmp_path,
                 env={**os.environ, "RAYON_NUM_THREADS": str(threads), "RAYON_RS_NUM_CPUS": str(threads)})
         written.append(out.read_bytes())
     assert len(set(written)) == 1 and len(written[0].splitlines()) == 3000
+    assert (out.stat().st_mode & 0o777) == 0o666 & ~_umask()  # readable as any file the user writes
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_wordpiece_merges_the_most_frequent_pair_and_breaks_ties_by_id():
