@@ -370,7 +370,25 @@ def unpack(archive: Path, into: Path) -> None:
         subprocess.run(["dpkg-deb", "-x", str(archive), str(into)], check=True)
     else:
         with tarfile.open(archive) as tar:
-            tar.extractall(into, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, filter="data")
+            else:  # Python before 3.11.4 (Debian 12's 3.11.2) has no extraction filters
+                tar.extractall(into, members=_plain_members(tar, into, archive))
+
+
+def _plain_members(tar: tarfile.TarFile, into: Path, archive: Path) -> list[tarfile.TarInfo]:
+    """The files and directories of an archive, each inside `into`: what the "data" filter would
+    let through for a corpus of text (links and device files are left out; a path that leaves
+    `into` is refused)."""
+    root = into.resolve()
+    kept = []
+    for member in tar.getmembers():
+        if not (into / member.name).resolve().is_relative_to(root):
+            raise PrepError(f"corpus: {archive} holds {member.name!r}, a path outside its folder; "
+                            f"remove the file from the cache and run again")
+        if member.isfile() or member.isdir():
+            kept.append(member)
+    return kept
 
 
 # ---------------------------------------------------------------- the command

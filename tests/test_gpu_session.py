@@ -86,7 +86,9 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, devi
     packed = tmp_path / "model.tar.gz"
     packed.write_bytes(b"".join(p.read_bytes() for p in pieces))
     with tarfile.open(packed) as tar:
-        tar.extractall(tmp_path / "unpacked", filter="data")
+        # the "data" filter where this Python has it (3.11.4 on; Debian 12's 3.11.2 lacks it)
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path / "unpacked", **safe)
     from transformers import BertForMaskedLM
     loaded = BertForMaskedLM.from_pretrained(str(tmp_path / "unpacked" / "pretrained_tiny" / "hf_model"))
     assert next(loaded.parameters()).dtype.is_floating_point and loaded.config.num_hidden_layers == 2

@@ -39,6 +39,14 @@ class ClusterUnavailable(RuntimeError):
     """This machine cannot host a namespace cluster (not root, tools missing)."""
 
 
+# ip, tc, sshd (and Slurm's daemons) live in sbin, which a user's PATH may lack (`env -i
+# PATH=/usr/local/bin:/usr/bin:/bin`, as CI runs on a newcomer's machine): every process this
+# module starts, and the ranks in the namespaces, look there too
+for _sbin in ("/usr/local/sbin", "/usr/sbin", "/sbin"):
+    if _sbin not in os.environ.get("PATH", "").split(":"):
+        os.environ["PATH"] = f"{os.environ.get('PATH', '')}:{_sbin}".lstrip(":")
+
+
 def _run(*cmd: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, text=True, capture_output=capture)
 
