@@ -378,9 +378,7 @@ def final_summary(engine, model, device, book, samples: int, stopped_by: str, la
 def write_summary(run_dir: Path, summary: dict) -> None:
     """RUN/summary.json (renamed into place: a watcher may read it at any moment), then the model
     card from the records just written."""
-    tmp = run_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(run_dir / SUMMARY)
+    fmt.atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=1))
     print(f"done: {json.dumps(summary)}", flush=True)
     try:
         write_card(run_dir)  # hf_model/README.md

@@ -2,10 +2,10 @@
 data_prep/wordpiece_trainer.py, on the `tokenizers` library's BERT normalizer and pre-tokenizer)."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
+from commodity_bert.data.shard_format import atomic_write_text
 from commodity_bert.data.vocab import SPECIAL_TOKENS, Vocab
 from data_prep.errors import PrepError
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
@@ -32,9 +32,7 @@ def train_vocab(inputs: list[str], output: str, vocab_size: int, lowercase: bool
         raise PrepError(f"no text found in {', '.join(inputs)}; pass files with text in them")
     tokens = train_wordpiece(word_counts, vocab_size, SPECIAL_TOKENS, min_frequency)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")  # renamed into place: an interrupted run leaves no half file
-    tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
-    os.replace(tmp, out)
+    atomic_write_text(out, "".join(token + "\n" for token in tokens))
     for line in skipped.summary():
         print(f"bert-data-prep: warning: {line}", file=sys.stderr)
     return Vocab.load(out)

@@ -14,9 +14,9 @@ The algorithm is the one `BertWordPieceTokenizer.train` runs, with every order f
   their word, as the library does;
 - each word's characters after the first get the "##" prefix; those tokens follow the alphabet,
   in code-point order;
-- merges: the most frequent pair of adjacent tokens (ties: the pair whose two strings sort
-  first) becomes one token (`a` + `b` without its "##"), until the vocabulary is full or no
-  pair occurs `min_frequency` times.
+- merges: the most frequent pair of adjacent tokens (ties: the pair of lower ids, as the
+  library orders them, whose ids are fixed here) becomes one token (`a` + `b` without its
+  "##"), until the vocabulary is full or no pair occurs `min_frequency` times.
 Counting runs in one Python process, so the thread count cannot change the result.
 """
 from __future__ import annotations
@@ -116,30 +116,28 @@ def train_wordpiece(word_counts: Counter[str], vocab_size: int, special_tokens: 
             break
         first, second = pair
         merged = add(vocab[first] + vocab[second][len(PREFIX):])
-        changed: set[tuple[int, int]] = set()
+        # pairs that lose count keep their stale entry (re-queued when it comes up, above); the
+        # pairs with the new token gain count and are queued
+        grown: set[tuple[int, int]] = set()
         for index in sorted(where.pop(pair, ())):
             word, count = words[index], counts[index]
             i = 0
             while i < len(word) - 1:
                 if word[i] == first and word[i + 1] == second:
                     if i > 0:
-                        _move(pair_counts, (word[i - 1], first), -count, changed)
-                        _move(pair_counts, (word[i - 1], merged), count, changed)
+                        pair_counts[(word[i - 1], first)] -= count
+                        pair_counts[(word[i - 1], merged)] += count
                         where[(word[i - 1], merged)].add(index)
+                        grown.add((word[i - 1], merged))
                     if i + 2 < len(word):
-                        _move(pair_counts, (second, word[i + 2]), -count, changed)
-                        _move(pair_counts, (merged, word[i + 2]), count, changed)
+                        pair_counts[(second, word[i + 2])] -= count
+                        pair_counts[(merged, word[i + 2])] += count
                         where[(merged, word[i + 2])].add(index)
+                        grown.add((merged, word[i + 2]))
                     word[i:i + 2] = [merged]
                 i += 1
         pair_counts.pop(pair, None)
-        for other in sorted(changed):
-            if other != pair and pair_counts.get(other, 0) > 0:
+        for other in sorted(grown):
+            if pair_counts.get(other, 0) > 0:
                 heapq.heappush(queue, entry(other))
     return vocab
-
-
-def _move(pair_counts: dict[tuple[int, int], int], pair: tuple[int, int], delta: int,
-          changed: set[tuple[int, int]]) -> None:
-    pair_counts[pair] += delta
-    changed.add(pair)

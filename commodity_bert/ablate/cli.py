@@ -27,7 +27,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs, slurm
-from commodity_bert.ablate.record import Ablation, AblationError, atomic_write, run_downstream
+from commodity_bert.ablate.record import Ablation, AblationError, run_downstream
+from commodity_bert.data.shard_format import atomic_write_text as atomic_write
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from commodity_bert.ablate import grid, runs
+from commodity_bert.data.shard_format import atomic_write_text
 
 # settings that must be the same for every run in one ABL directory, or the comparison is not one
 FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")
@@ -16,12 +17,6 @@ FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")
 
 class AblationError(Exception):
     pass
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 class Ablation:
@@ -52,7 +47,7 @@ class Ablation:
                                 f"{self.out / 'runs' / variant.name}")
         config_path.parent.mkdir(parents=True, exist_ok=True)
         if not config_path.exists():
-            atomic_write(config_path, text)
+            atomic_write_text(config_path, text)
         self.state["variants"][variant.name] = {"config": str(config_path), "changes": variant.changes,
                                                 "source": variant.source, "max_steps": max_steps}
         return config_path
@@ -71,7 +66,7 @@ class Ablation:
         return out
 
     def save(self) -> None:
-        atomic_write(self.path, json.dumps(self.state, indent=1) + "\n")
+        atomic_write_text(self.path, json.dumps(self.state, indent=1) + "\n")
 
 
 def run_downstream(run: runs.Run, task: str, extra: str) -> str | None:

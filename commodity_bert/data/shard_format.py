@@ -238,6 +238,8 @@ def shard_paths(data_dir: str | os.PathLike, manifest: dict, split: str = "train
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """`path` whole or as it was: written to a temporary name, then renamed (a reader, or an
+    interrupted run, never sees half a file)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
