@@ -47,12 +47,12 @@ from commodity_bert.model.bert import (
 )
 from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
-from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.project_block import section
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint, downstream_watcher
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
+from commodity_bert.train.engine import build_engine
 from commodity_bert.train.failures import lost_peer_line
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
@@ -64,7 +64,7 @@ from commodity_bert.train.launch_checks import (
     load_deepspeed_config,
     pretraining_settings,
 )
-from commodity_bert.train.metrics import MetricsLogger, without_our_monitors
+from commodity_bert.train.metrics import MetricsLogger
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 
 
@@ -402,12 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
-    mode = comm_mode.select(ds_config)
-    # the optimizer first: it reads "commodity_bert.lamb", which the mode then hides from DeepSpeed
-    optimizer, parameters, ds_config = build_optimizer(ds_config, model)
-    ds_config = mode.deepspeed_config(ds_config)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
-                                                   config=without_our_monitors(ds_config))
+    engine, optimizer, scheduler, mode, ds_config = build_engine(ds_config, model)
     topology = Topology.discover()  # which ranks share a node: the launcher's hostfile
     say(*mode.attach(engine, optimizer, model, topology))
     if args.compile:

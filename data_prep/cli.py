@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path) -> tuple[str, bool]:
+def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path | None) -> tuple[str, bool]:
     """(vocab.txt, lowercase) for --vocab: a file as it is; a model directory (a RUN, its
     hf_model, a Hugging Face BERT) gives its vocabulary (written into `scratch` when it has only a
     tokenizer.json) and, unless --lowercase/--no-lowercase says, its casing, so shards made for
@@ -131,12 +131,16 @@ def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path) -> tuple[str
 
 
 def _shards(args) -> None:
-    scratch = Path(tempfile.mkdtemp(prefix="bert-data-prep-vocab-"))
+    # a folder for the vocabulary only where a model has none of its own to read (a shards run
+    # killed mid-way leaves no folder behind then; one made always did)
+    needs_scratch = Path(_embedded(args.vocab)).is_dir()
+    scratch = Path(tempfile.mkdtemp(prefix="bert-data-prep-vocab-")) if needs_scratch else None
     try:
         vocab_path, args.lowercase = vocabulary_of(args.vocab, args.lowercase, scratch)
         _run_shards(args, vocab_path)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _run_shards(args, vocab_path: str) -> None:

@@ -5,9 +5,9 @@
 
 Every rank measures, at the same time as the others (as in training, where they share the
 host's CPUs, memory bandwidth and PCIe): a square matmul in the training precision, and one
-BERT training step split into forward + backward of a micro-batch, the optimizer's step and
-1-bit LAMB's compression work, through DeepSpeed's engine and its precision wrappers with the
-gradient allreduce switched off. Then, across hosts: allreduce time for 1–256 MB on the
+BERT training step split into forward + backward of a micro-batch, DeepSpeed's gradient
+allreduce without the wire, the optimizer's step and 1-bit LAMB's compression work, on the
+engine train.py trains with (train/engine.py), each rank alone in its data-parallel group. Then, across hosts: allreduce time for 1–256 MB on the
 training backend (nccl or gloo), and each pair of hosts' one-way bandwidth, both directions,
 between one rank per host. Problems (a host that never joins, ranks on different interfaces,
 a link much slower than the others) are printed one line each and kept in profile.json.
@@ -180,7 +180,7 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
     measured_optimizer = str(ds_config.get("optimizer", {}).get("type", "Lamb"))
     config = {k: v for k, v in without_block(ds_config).items() if k not in ("scheduler", "gradient_accumulation_steps")}
     config["train_micro_batch_size_per_gpu"] = args.micro_batch
-    config["train_batch_size"] = args.micro_batch * world
+    config["train_batch_size"] = args.micro_batch  # one rank's: its data-parallel group is itself
     params_block = dict(config.get("optimizer", {}).get("params", {}))
     onebit_params = {"lr": params_block.get("lr", 1e-3), "weight_decay": params_block.get("weight_decay", 0.01),
                      "scale_block": params_block.get("scale_block", 256)}
@@ -201,16 +201,13 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
         batches = synthetic_batches(args.micro_batch, seq_len, vocab_size, 2 * args.steps + 4, nsp)
     model_config = build_config(args.model, vocab_size)
 
-    own = None  # a one-rank group per rank: every rank takes part in creating every group
-    for r in range(world):
-        group = dist.new_group([r])
-        if r == rank:
-            own = group
-    lamb = timed_steps(config, model_config, nsp, batches, device, args.steps, local_sync_group=own)
+    from commodity_bert.train.engine import AloneGroup
+    alone = AloneGroup()  # each rank measures its own step, all at once
+    lamb = timed_steps(config, model_config, nsp, batches, device, args.steps, alone)
     onebit_config = {**config, "optimizer": {"type": "OneBitLamb", "params": {**onebit_params, "freeze_step": 1}}}
-    onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, own)
+    onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, alone, compress=True)
     del batches
-    lowbit_s = time_lowbit_average(lamb["params"], device, own, args.steps)
+    lowbit_s = time_lowbit_average(lamb["params"], device, alone.group, args.steps)
     fb_s, optimizer_s = statistics.median(lamb["fb"]), statistics.median(lamb["opt"])
     flops = [training_flops(model_config, tokens, args.micro_batch * width * width, masked)
              for tokens, width, masked in lamb["shapes"]]
@@ -250,28 +247,27 @@ def time_lowbit_average(params: int, device: torch.device, group, calls: int) ->
 
 
 def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.device, steps: int,
-                compression_group=None, local_sync_group=None) -> dict:
-    """Two steps to warm up (and, for 1-bit LAMB, to freeze), then `steps` timed ones. With
-    `local_sync_group` (this rank alone), DeepSpeed's own gradient allreduce code runs on it
-    between backward and the optimizer step, timed apart: its memory passes, not the wire."""
-    import deepspeed
-
+                alone, compress: bool = False) -> dict:
+    """Two steps to warm up (and, for 1-bit LAMB, to freeze), then `steps` timed ones, on the
+    engine train.py builds (train/engine.py) with this rank alone as its data-parallel group
+    (`alone`): DeepSpeed's own gradient allreduce runs between backward and the optimizer step,
+    timed apart, its memory passes without the wire. With `compress`, 1-bit LAMB's compressed
+    allreduce runs on that group too."""
     from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce
     from commodity_bert.comm.grad_norm import gradient_norm
     from commodity_bert.model.bert import PretrainingModel, build_model
-    from commodity_bert.optim.build import build_optimizer
     from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
+    from commodity_bert.train.engine import build_engine
 
     torch.manual_seed(0)
     model = PretrainingModel(build_model(model_config, nsp=nsp))
-    optimizer, parameters, ds_config = build_optimizer(config, model)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters, config=ds_config)
-    engine.enable_backward_allreduce = False
+    engine, optimizer, _, mode, _ = build_engine(config, model, mpu=alone)
+    mode.attach(engine, optimizer, model)
+    engine.enable_backward_allreduce = False  # called below, timed apart
     scaled = loss_for_backward(engine)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if compression_group is not None:
-        optimizer.compressor = CompressedAllreduce(params, device, group=compression_group,
-                                                   scale_block=optimizer.scale_block)
+    if compress:
+        optimizer.compressor = CompressedAllreduce(params, device, group=alone.group, scale_block=optimizer.scale_block)
     out = {"params": params, "fb": [], "opt": [], "sync": [], "whole": [], "shapes": [], "real": []}
     for i in range(steps + 2):
         sync(device)
@@ -284,10 +280,8 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
         engine.backward(scaled(loss))
         sync(device)
         middle = time.perf_counter()
-        if local_sync_group is not None:
-            grads = (engine.optimizer.get_grads_for_reduction()[0] if hasattr(engine.optimizer, "get_grads_for_reduction")
-                     else engine._get_gradients_for_reduction()[0])
-            engine.allreduce_no_retain(grads, dp_group=local_sync_group, dp_world_size=1)
+        if not compress:
+            engine.allreduce_gradients()
             # train.py reads the gradient norm at every step where DeepSpeed averaged the gradients
             gradient_norm(model.parameters(), current_loss_scale(engine.optimizer))
             sync(device)
@@ -303,7 +297,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
             mask = batch["attention_mask"]
             out["shapes"].append((int(batch["real_tokens"]), mask.shape[1], int(batch["masked_index"].numel())))
             out["real"].append(int(batch["real_tokens"]) / mask.numel())
-    if compression_group is not None and not optimizer.frozen:
+    if compress and not optimizer.frozen:
         raise RuntimeError("preflight: 1-bit LAMB did not reach its compression stage")
     del engine, model, optimizer
     return out

@@ -1,0 +1,63 @@
+"""The engine a run trains with: the communication mode chosen from the config, the optimizer
+it names, and DeepSpeed's engine around both. train.py builds it once per run; `bert-plan
+preflight` builds the same one to time a training step, so that what it times is what trains."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import deepspeed
+import torch.distributed as dist
+
+from commodity_bert.comm import mode as comm_mode
+from commodity_bert.optim.build import build_optimizer
+from commodity_bert.train.metrics import without_our_monitors
+
+
+class Engine(NamedTuple):
+    engine: Any           # deepspeed.DeepSpeedEngine
+    optimizer: Any        # the client optimizer (the engine wraps it under fp16/bf16)
+    scheduler: Any        # the config's scheduler, or None
+    mode: comm_mode.CommMode
+    ds_config: dict       # the config as the engine got it, with the mode's changes
+
+
+class AloneGroup:
+    """DeepSpeed's model-parallel unit (`deepspeed.initialize(mpu=...)`) whose data-parallel group
+    is this rank alone: the engine's own gradient allreduce then runs all its memory passes
+    (flatten, average, copy back) without the wire. For measuring a step while every rank of the
+    world measures at once (preflight); a run trains with mpu=None, over the world."""
+
+    def __init__(self):
+        rank = dist.get_rank()
+        for r in range(dist.get_world_size()):  # every rank takes part in making every group
+            group = dist.new_group([r])
+            if r == rank:
+                self.group = group
+
+    def get_data_parallel_group(self):
+        return self.group
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_data_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_group(self):
+        return self.group
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+
+def build_engine(ds_config: dict, model, mpu: AloneGroup | None = None) -> Engine:
+    mode = comm_mode.select(ds_config)
+    # the optimizer first: it reads "commodity_bert.lamb", which the mode then hides from DeepSpeed
+    optimizer, parameters, ds_config = build_optimizer(ds_config, model)
+    ds_config = mode.deepspeed_config(ds_config)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
+                                                   config=without_our_monitors(ds_config), mpu=mpu)
+    return Engine(engine, optimizer, scheduler, mode, ds_config)
