@@ -58,13 +58,15 @@ from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,
     check_against_device,
+    check_command_line,
     check_data_against_model,
     check_deepspeed_config,
     check_vocabulary_against_source,
     load_deepspeed_config,
     pretraining_settings,
+    schedule_end_warning,
 )
-from commodity_bert.train.metrics import MetricsLogger
+from commodity_bert.train.metrics import MetricsLogger, monitor_problem
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 
 
@@ -84,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default="base", help="tiny | mini | base | large | a BertConfig JSON")
     p.add_argument("--output-dir", required=True, help="RUN directory: metrics, checkpoints, hf_model")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps "
-                   "(default: the scheduler's total_num_steps)")
+                   "(default, or 0: the scheduler's total_num_steps)")
     p.add_argument("--time-budget", type=parse_duration,
                    help="stop cleanly after this long in all, across relaunches (kept in checkpoints), e.g. 24h")
     p.add_argument("--seed", type=int, default=42)
@@ -245,15 +247,18 @@ class Inputs(NamedTuple):
 
 
 def check_inputs(args, device: torch.device) -> Inputs:
-    """Any rank's problem stops every rank before a step runs: the rank that found it says it (a
-    shard may be one rank's), the others exit with the same status."""
+    """Any rank's problem stops every rank before a step runs, in one line: the first rank that
+    found it says it (a shard may be one rank's), the others exit with the same status."""
     rank, world = dist.get_rank(), dist.get_world_size()
     problem = None
     try:
+        check_command_line(args)
         ds_config = load_deepspeed_config(args.deepspeed_config)
         given_config = json.loads(json.dumps(ds_config))
         total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
         check_against_device(ds_config, device.type == "cuda")
+        if rank == 0 and (trouble := monitor_problem(ds_config, Path(args.output_dir))):  # rank 0 logs
+            raise LaunchError(trouble)
         data = ShardSet.open(args.data)
         model_config = build_config(args.model, data.vocab_size)
         check_data_against_model(data, model_config)
@@ -264,12 +269,16 @@ def check_inputs(args, device: torch.device) -> Inputs:
     except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
-        if problem:
+        problems = [None] * world
+        dist.all_gather_object(problems, problem)
+        if rank == next(r for r, p in enumerate(problems) if p):
             fail(problem, everyone=True)
         sys.exit(2)
     max_steps = args.max_steps or ds_config.get("scheduler", {}).get("params", {}).get("total_num_steps")
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")
+    if warning := schedule_end_warning(ds_config, max_steps):
+        say(warning)
     if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, ds_config)):
         say(warning)
     return Inputs(ds_config, given_config, total_batch, micro_batch, accumulation, data, model_config, recipe,
@@ -315,9 +324,12 @@ def checkpoint_place(args, run_dir: Path, ds_config: dict) -> tuple[dict, bool, 
     explicit = args.resume not in ("auto", "none")
     resume_dir = Path(args.resume) if explicit else run_dir / CHECKPOINTS
     try:
-        tag = None if args.resume == "none" else checkpoint.agree_on_resume(resume_dir, explicit)
+        tag, note = (None, None) if args.resume == "none" else \
+            checkpoint.agree_on_resume(resume_dir, explicit, node_local)
     except checkpoint.CheckpointError as exc:
         fail(str(exc))
+    if note:
+        say(note)
     if args.export_only and tag is None:
         fail(f"--export-only: no checkpoint in {resume_dir} to export; train first, or give --resume PATH")
     return ds_config, node_local, resume_dir, tag
@@ -503,15 +515,23 @@ def main(argv: list[str] | None = None) -> None:
                 if decision.evaluate:
                     last_eval = validate(step)
                     row.update(last_eval)
-                metrics.log(row)
+                with book.holding(Exception, what="the metrics could not be written: "):
+                    metrics.log(row)
                 say(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
             elif decision.evaluate:
                 trained_s = book.trained_s()
                 last_eval = validate(step)
-                metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
-            if decision.save:
+                with book.holding(Exception, what="the metrics could not be written: "):
+                    metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
+            if decision.save and book.any_error():  # a step after some rank's error is not saved
+                decision.stop = "error"
+            elif decision.save:
                 with book.unlogged():
                     save()
+            if decision.stop == "error":  # every rank, together: one line for the error, one naming its rank
+                data_iter.close()
+                print(*book.error_lines(step), sep="\n", file=sys.stderr, flush=True)
+                sys.exit(2)
             if decision.stop in ("signal", "time budget"):
                 stopped_by = decision.stop
                 say(f"stopping at step {step}: {decision.stop}; checkpoint saved")
@@ -519,9 +539,6 @@ def main(argv: list[str] | None = None) -> None:
     except checkpoint.CheckpointError as exc:
         data_iter.close()
         fail(str(exc), status=3)
-    except DataError as exc:  # a shard changed on disk since the start; the launcher stops the others
-        data_iter.close()
-        fail(str(exc), everyone=True)
     # the loader's workers ignore SIGTERM (data/loader.py): kept alive to the interpreter's exit (a
     # compiled graph did), multiprocessing's exit handler would wait on them for ever
     data_iter.close()

@@ -117,6 +117,39 @@ def test_resume_equals_uninterrupted(tmp_path, data, run30):
     assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20, 25, 30]
 
 
+def test_a_damaged_checkpoint_costs_one_interval_not_the_run(tmp_path, data, run30):
+    """run30's newest checkpoint (step 30) truncated, as a killed copy or a failing disk leaves it:
+    --resume of it is refused in one line; --resume auto says so in one line, goes back to step 20
+    on every rank and ends as run30 did; the damaged one is kept aside, not deleted."""
+    import shutil
+    checkpoints = run30 / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step_00000020", "step_00000030"]
+    recorded = json.loads((checkpoints / "step_00000030" / "digest.json").read_text())["files"]
+    assert {"mp_rank_00_model_states.pt", "rng_rank0.pt", "rng_rank1.pt"} <= set(recorded)
+    run = tmp_path / "run"
+    shutil.copytree(checkpoints, run / "checkpoints")  # copies, not links: a file of it is cut short
+    shutil.copy(run30 / "metrics.jsonl", run / "metrics.jsonl")
+    model = run / "checkpoints" / "step_00000030" / "mp_rank_00_model_states.pt"
+    size = model.stat().st_size
+    with open(model, "r+b") as fh:
+        fh.truncate(size // 2)
+    args = [*COMMON, "--data", data, "--eval-every", 15, "--save-every", 10, "--keep-checkpoints", 2, "--max-steps", 30]
+    refused = train(2, *args, "--output-dir", tmp_path / "other", "--resume", run / "checkpoints", check=False)
+    [line] = [line for line in refused.stderr.splitlines() if "train.py: error:" in line]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert line.startswith(f"train.py: error: --resume {run / 'checkpoints'}: checkpoint "
+                           f"{run / 'checkpoints' / 'step_00000030'} is damaged (")
+    assert f"mp_rank_00_model_states.pt has {size // 2:,} bytes, {size:,} when written" in line
+    proc = train(2, *args, "--output-dir", run)
+    [note] = [line for line in proc.stdout.splitlines() if "is damaged" in line]
+    assert note.endswith("): resuming from step_00000020, the newest intact one; the skipped checkpoints are kept "
+                         "as NAME.skipped")
+    relaunched(proc, run30, run, 20)
+    assert (run / "checkpoints" / "step_00000030.skipped" / "mp_rank_00_model_states.pt").stat().st_size == size // 2
+    assert (run / "checkpoints" / "latest").read_text() == "step_00000030"
+    assert (run / "checkpoints" / "step_00000030" / "digest.json").is_file()
+
+
 def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
     ranks = []
     for child in psutil.Process(launcher.pid).children(recursive=True):

@@ -17,11 +17,14 @@ the logged series therefore alternates between the two."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from commodity_bert.data.loader import DataError
 
 WINDOW_KEYS = ("loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count", "real_tokens")
 
@@ -45,7 +48,7 @@ class Decision:
     log: bool
     evaluate: bool
     save: bool
-    stop: str | None  # why the loop ends after this step: "signal", "time budget", "max steps"
+    stop: str | None  # why the loop ends after this step: "signal", "time budget", "max steps", "error"
 
 
 class Bookkeeping:
@@ -61,7 +64,9 @@ class Bookkeeping:
         self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
         self.started = self.last_save = time.time()
         self.evaluating = 0.0  # seconds spent scoring the held-out set in this launch
-        self._flags_in_flight = None  # (work, flags): the last step's signal/clock flags, being agreed
+        self._flags_in_flight = None  # (work, flags): the last step's signal/clock/error flags, being agreed
+        self.error: str | None = None  # this rank's own error mid-run, held until every rank knows it
+        self._last_batch = None
         self.window = torch.zeros(len(WINDOW_KEYS), dtype=torch.float64, device=device)
         self._reset_window()
 
@@ -86,10 +91,58 @@ class Bookkeeping:
         self.traffic_at_start = self.wire.snapshot()
 
     def next_batch(self, batches):
+        """The next micro-batch; where this rank's data fails (a shard changed on disk), the error
+        is held and the last batch stands in, so that the step's collectives still meet until every
+        rank has learnt of it (the run then stops without saving that step)."""
         waited = time.perf_counter()
-        batch = next(batches)
+        if self.error is None:
+            try:
+                self._last_batch = next(batches)
+            except DataError as exc:
+                if self._last_batch is None:  # nothing to stand in: the first batch
+                    raise
+                self.hold_error(str(exc))
         self.data_wait += time.perf_counter() - waited
-        return batch
+        return self._last_batch
+
+    # ---- one rank's error, mid-run
+    def hold_error(self, line: str) -> None:
+        """An error this rank met mid-run, held to the next decision, where every rank learns it
+        from the allreduce that already carries a signal: all stop together, and the others say
+        which rank stopped and why instead of having "lost a peer" when it exits. It travels with
+        the collectives, so nodes need share no directory for it."""
+        self.error = self.error or line
+
+    @contextlib.contextmanager
+    def holding(self, *errors: type[BaseException], what: str = ""):
+        """Errors of these kinds raised inside are held (hold_error), not raised."""
+        try:
+            yield
+        except errors as exc:
+            self.hold_error(f"{what}{exc}")
+
+    def any_error(self) -> bool:
+        """Whether any rank holds an error now (a blocking allreduce: before a save or the export)."""
+        flag = torch.tensor([float(self.error is not None)], device=self.device)
+        with self.unlogged():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def error_lines(self, step: int) -> list[str]:
+        """Collective, once some rank holds an error: what this rank says. The rank that met it says
+        its line; the first of the others names that rank, its host and its line."""
+        views = [None] * self.world
+        with self.unlogged():
+            dist.all_gather_object(views, (socket.gethostname(), self.error))
+        rank = dist.get_rank()
+        failed = [(r, host, line) for r, (host, line) in enumerate(views) if line]
+        if self.error:
+            return [f"train.py: error: {self.error}"]
+        if rank != next(r for r in range(self.world) if not views[r][1]):
+            return []
+        r, host, line = failed[0]
+        return [(f"train.py: error: rank {r} on {host} stopped with an error after step {step} (its line, in "
+                 f"{host}'s output: {line}); every rank stopped with it, no checkpoint written after the error")]
 
     def add_micro_batch(self, loss: torch.Tensor, stats: dict, real_tokens: torch.Tensor, flops: float) -> None:
         # summed on the device and read once per log step: no host sync per micro-batch
@@ -128,14 +181,16 @@ class Bookkeeping:
         computes: raised at step t, it acts at step t + 1 on every rank. A blocking allreduce at
         every step cost a network round trip per step, which over a slow link is what DiLoCo and
         local steps exist to save."""
-        agreed = [False, False, False]
+        agreed = [False, False, False, False]
         if self._flags_in_flight is not None:
             work, flags = self._flags_in_flight
             with self.unlogged():
                 work.wait()
             agreed = [bool(v) for v in flags.tolist()]
             self._flags_in_flight = None
-        signal_agreed, out_of_time, minutes_due = agreed
+        signal_agreed, out_of_time, minutes_due, error = agreed
+        if error:  # no save: some rank's state since its error is not the training's
+            return Decision(log=False, evaluate=False, save=False, stop="error")
         stop = "signal" if signal_agreed else "time budget" if out_of_time else "max steps" \
             if step >= self.max_steps else None
         save = bool(self.save_every and step % self.save_every == 0) or minutes_due or stop is not None
@@ -143,7 +198,8 @@ class Bookkeeping:
             due = not save and bool(self.save_every_minutes) and \
                 time.time() - self.last_save >= self.save_every_minutes * 60
             budget = self.time_budget is not None and self.wall_s() >= self.time_budget
-            flags = torch.tensor([float(signalled), float(budget), float(due)], device=self.device)
+            flags = torch.tensor([float(signalled), float(budget), float(due), float(self.error is not None)],
+                                 device=self.device)
             with self.unlogged():
                 self._flags_in_flight = (dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True), flags)
         return Decision(log=self.is_log_step(step) or stop is not None,

@@ -6,6 +6,16 @@ A checkpoint is the directory CKPT/step_NNNNNNNN. `CKPT/latest` (DeepSpeed's mar
 replaced atomically only after every rank has written all of its files, so a run killed while
 saving resumes from the previous checkpoint.
 
+A checkpoint is whole once its `digest.json` is written: each file's size and SHA-256, taken as
+the files are read back after the save, when every torch file is also checked against the CRCs
+torch wrote from memory (a write the disk did not keep shows there). Only then is `latest`
+moved and are older checkpoints pruned, so pruning never removes the last whole one. A resume
+verifies the files each rank reads against the digest, newest checkpoint first, and takes the
+newest that every rank finds intact; the skipped newer ones are renamed NAME.skipped, not
+deleted. Why our own: DeepSpeed records nothing of the kind (torch.distributed.checkpoint and
+Orbax skip unfinished checkpoints but load damaged ones; Megatron-LM's opt-in SHA-256 check
+refuses with no fallback).
+
 Cluster nodes often share no run directory. `storage_is_shared` finds out at start; when it is
 not, DeepSpeed's `checkpoint.use_node_local_storage` makes the first rank of every node write
 the model and optimizer files there, and that rank writes the node's `latest`. Whether to resume
@@ -13,12 +23,15 @@ is then agreed by all ranks (`agree_on_resume`): one step everyone holds, or one
 what is missing where."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
 import secrets
 import shutil
 import socket
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +47,7 @@ except ImportError:
 
 TAG = re.compile(r"^step_(\d{8})$")
 MODEL_FILE = "mp_rank_00_model_states.pt"
+DIGEST = "digest.json"
 
 
 class CheckpointError(Exception):
@@ -122,6 +136,73 @@ def _space_message(directory: Path, tag: str, need: int, what: str, at_least: bo
             f"--output-dir on a larger disk, then relaunch the same command to resume")
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """A torch file (a zip archive) whose bytes on disk are not those torch wrote: a record's CRC,
+    computed by torch from memory, that the bytes read back do not match, or no archive at all."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"{path.name} is not a whole torch file ({exc})"
+    return f"{path.name} does not read back as written (record {bad})" if bad else None
+
+
+def write_digest(step_dir: Path) -> None:
+    """Read every file of a finished save back, check the torch files against their CRCs, and
+    record each file's size and SHA-256 in digest.json (written last, atomically)."""
+    files = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGEST):
+        if path.suffix == ".pt" and (problem := _torch_file_problem(path)):
+            raise OSError(problem)
+        files[str(path.relative_to(step_dir))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    tmp = step_dir / (DIGEST + ".tmp")
+    tmp.write_text(json.dumps({"files": files}, indent=1))
+    tmp.replace(step_dir / DIGEST)
+
+
+def _files_read_by(step_dir: Path, rank: int, names) -> list[str]:
+    """Of a checkpoint's files, those `rank` reads when it resumes: the model (with the optimizer
+    at ZeRO 0), its generators, its ZeRO partition."""
+    return [n for n in names if n in (MODEL_FILE, rng_file(rank)) or f"zero_pp_rank_{rank}_" in n]  # bf16_zero_pp_…
+
+
+def damage(directory: Path, tag: str, rank: int) -> str | None:
+    """Why checkpoint `tag` cannot be resumed by `rank` from here (None: it can): no digest (its
+    save did not finish), or a file this rank reads that is missing or not what the digest says."""
+    step_dir = directory / tag
+    digest_file = step_dir / DIGEST
+    if not digest_file.is_file():
+        if latest(directory) == tag:  # written before checkpoints had digests: as before, by its files
+            missing = _missing_files(directory, tag, rank)
+            return f"it lacks {', '.join(missing)}" if missing else None
+        return "its save did not finish (no digest.json)"
+    try:
+        recorded = json.loads(digest_file.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its digest.json cannot be read"
+    needed = _files_read_by(step_dir, rank, recorded)
+    if MODEL_FILE not in needed or rng_file(rank) not in needed:
+        return f"it holds no {MODEL_FILE if MODEL_FILE not in needed else rng_file(rank)}"
+    for name in needed:
+        path = step_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != recorded[name]["bytes"]:
+            return f"{name} has {size:,} bytes, {recorded[name]['bytes']:,} when written"
+        if _sha256(path) != recorded[name]["sha256"]:
+            return f"{name} is not the file written (its SHA-256 differs)"
+    return None
+
+
 def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank_state: dict | None = None,
          node_local: bool = False) -> Path:
     """Write the checkpoint of `step` on every rank, or raise CheckpointError on every rank with
@@ -150,6 +231,9 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     writes = {"save": engine.checkpoint_engine.save, "copy": engine._copy_recovery_script}
     engine.checkpoint_engine.save = guarded(writes["save"])
     engine._copy_recovery_script = guarded(writes["copy"])  # zero_to_fp32.py, beside ZeRO's files
+    if writer and (directory / tag).exists():  # a skipped or unfinished one of the same step
+        shutil.rmtree(directory / tag, ignore_errors=True)
+    dist.barrier()
     try:
         guarded(lambda: (directory / tag).mkdir(parents=True, exist_ok=True))()
         guarded(torch.save)({**_rng_state(), "rank_state": rank_state or {}}, directory / tag / rng_file(rank))
@@ -158,9 +242,16 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     finally:
         engine.checkpoint_engine.save = writes["save"]
         engine._copy_recovery_script = writes["copy"]
-    failures = [None] * dist.get_world_size()
-    dist.all_gather_object(failures, errors[0] if errors else None)
-    dist.barrier()
+    def gathered() -> list:
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, errors[0] if errors else None)
+        return found
+
+    failures = gathered()
+    if not any(failures):  # every file is on disk: the writers read them back and record them
+        if writer:
+            guarded(write_digest)(directory / tag)
+        failures = gathered()
     if any(failures):
         previous = latest(directory)
         need = _size(directory / previous) if previous else 0  # the last one's size: this one's, about
@@ -174,10 +265,13 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
         (directory / "latest.tmp").write_text(tag)
         (directory / "latest.tmp").replace(directory / "latest")
     dist.barrier()
-    if writer and keep > 0:
-        tags = sorted(p for p in directory.iterdir() if p.is_dir() and TAG.match(p.name))
-        for old in tags[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    if writer and keep > 0:  # the whole ones beyond `keep`, and unfinished ones older than this
+        older = sorted(p for p in directory.iterdir() if p.is_dir() and TAG.match(p.name) and p.name < tag)
+        whole = [p for p in older if (p / DIGEST).is_file()]
+        kept = set(whole[-(keep - 1):]) if keep > 1 else set()
+        for old in older:
+            if old not in kept:
+                shutil.rmtree(old, ignore_errors=True)
     return directory / tag
 
 
@@ -200,34 +294,66 @@ def _missing_files(directory: Path, tag: str, rank: int) -> list[str]:
     return missing
 
 
-def agree_on_resume(directory: Path, explicit: bool) -> str | None:
-    """The checkpoint every rank resumes from (None: every rank starts fresh), or CheckpointError
-    naming what is missing on which host. Ranks deciding from their own disks alone could pick
-    different steps, or some could resume while others start over, and then hang."""
-    rank = dist.get_rank()
-    tag = latest(directory)
-    mine = (rank, socket.gethostname(), tag, _missing_files(directory, tag, rank) if tag else [])
+def _gather(mine) -> list:
     views = [None] * dist.get_world_size()
     dist.all_gather_object(views, mine)
+    return views
+
+
+def _listed(problems: list[str]) -> str:
+    return "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+
+
+def agree_on_resume(directory: Path, explicit: bool, node_local: bool = False) -> tuple[str | None, str | None]:
+    """The checkpoint every rank resumes from (None: every rank starts fresh) and a line to say
+    when it is not the newest, or CheckpointError in one line. Ranks deciding from their own disks
+    alone could pick different steps, or some could resume while others start over, and then hang.
+
+    The newest (by every rank's `latest`) must be on every rank's disk: a node without it is
+    refused, naming it (copy it there, or --resume none). Its files are verified against its
+    digest; if any rank finds them damaged, every rank goes back to the newest checkpoint that all
+    find intact, and the skipped ones are renamed NAME.skipped. --resume PATH takes no such step
+    back: a damaged checkpoint there is refused."""
+    rank, host = dist.get_rank(), socket.gethostname()
+    views = _gather((rank, host, latest(directory)))
     tags = {view[2] for view in views}
     if tags == {None}:
         if explicit:
             raise CheckpointError(f"--resume {directory}: no checkpoint there (no 'latest' file naming a "
                                   f"step directory)")
-        return None
-    if len(tags) == 1 and not any(view[3] for view in views):
-        return tags.pop()
+        return None, None
     newest = max(t for t in tags if t)
-    problems = []
-    for r, host, t, missing in views:
-        if t != newest:
-            problems.append(f"rank {r} on {host} has {t or 'no checkpoint'}")
-        elif missing:
-            problems.append(f"rank {r} on {host} lacks {', '.join(missing)}")
-    shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
-    raise CheckpointError(f"ranks disagree on the checkpoint to resume in {directory}: {newest} is the newest, "
-                          f"but {shown}. Copy {newest} (and 'latest') to those nodes' {directory}, or relaunch "
-                          f"with --resume none to start over")
+    behind = [f"rank {r} on {h} has {t or 'no checkpoint'}" for r, h, t in views if t != newest]
+    if behind:
+        raise CheckpointError(f"ranks disagree on the checkpoint to resume in {directory}: {newest} is the newest, "
+                              f"but {_listed(behind)}. Copy {newest} (and 'latest') to those nodes' {directory}, "
+                              f"or relaunch with --resume none to start over")
+    found = [(r, h, why) for r, h, why in _gather((rank, host, damage(directory, newest, rank))) if why]
+    if not found:
+        return newest, None
+    by_reason: dict[str, list[str]] = {}  # a shared file's damage, seen by every rank, said once
+    for r, h, why in found:
+        by_reason.setdefault(why, []).append(f"rank {r} on {h}")
+    reasons = [f"{', '.join(who) if len(who) < 3 else f'{len(who)} ranks'}: {why}" for why, who in by_reason.items()]
+    broken = f"checkpoint {directory / newest} is damaged ({_listed(reasons)})"
+    if explicit:
+        raise CheckpointError(f"--resume {directory}: {broken}; give another checkpoint, or --resume auto in its run")
+    # every rank lists the older ones it holds; the newest that every rank finds intact wins
+    mine = {p.name for p in directory.iterdir() if p.is_dir() and TAG.match(p.name) and p.name < newest} \
+        if directory.is_dir() else set()
+    held = set.intersection(*(set(view) for view in _gather(sorted(mine))))
+    for tag in sorted(held, reverse=True):
+        if not any(_gather(damage(directory, tag, rank))):
+            if is_writer(node_local):  # out of the way of pruning and of the next resume, kept for a look
+                for skipped in sorted(p for p in directory.iterdir() if TAG.match(p.name) and p.name > tag):
+                    skipped.rename(skipped.with_name(skipped.name + ".skipped"))
+                (directory / "latest.tmp").write_text(tag)
+                (directory / "latest.tmp").replace(directory / "latest")
+            dist.barrier()
+            return tag, (f"{broken}: resuming from {tag}, the newest intact one; the skipped checkpoints are "
+                         f"kept as NAME.skipped")
+    raise CheckpointError(f"{broken}, and no older checkpoint is intact on every rank; relaunch with --resume none "
+                          f"to start over")
 
 
 def load(engine, directory: Path, tag: str | None = None, weights_only: bool = False) -> tuple[dict, dict]:

@@ -105,6 +105,8 @@ def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int
         PARAMS_CHECKS.get(name, lambda params: None)(block.get("params", {}))
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
+    check_optimizer_numbers(config)
+    check_scheduler(config)
     check_project_block(config)
     problem = topology.check_setting(config) or mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
     if problem:
@@ -149,8 +151,130 @@ def check_project_block(config: dict) -> None:
                           f'(FusedLamb, CUDA only) or "project" (commodity_bert/optim/lamb.py)')
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# the optimizers' params every type shares, by the range each may take
+POSITIVE = {"lr", "eps", "max_coeff", "min_coeff"}
+NOT_NEGATIVE = {"weight_decay"}
+FLAGS = {"bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused", "foreach", "nesterov"}
+# params that may be words: OneBitLamb's "freeze_step": "auto" (its check_params reads it), and
+# DeepSpeed's 1-bit optimizers' backend, which configs written for them carry
+WORDS = {"freeze_step", "comm_backend_name"}
+
+
+def check_optimizer_numbers(config: dict) -> None:
+    """Every value of the optimizer's params a number of its range (a flag true or false): a
+    string where a number belongs ("lr": "fast") would otherwise train, the scheduler's rate
+    silently taking its place, or fail minutes later inside the optimizer."""
+    params = config["optimizer"].get("params", {})
+    if not isinstance(params, dict):
+        raise LaunchError(f'the optimizer\'s "params" must be an object, not {params!r}')
+    for key, value in params.items():
+        where = f'optimizer param "{key}" = {value!r} in the DeepSpeed config'
+        if key in FLAGS:
+            if not isinstance(value, bool):
+                raise LaunchError(f"{where}: give true or false")
+        elif key == "betas":
+            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_number(b) and 0 <= b < 1
+                                                                              for b in value)):
+                raise LaunchError(f"{where}: give two numbers in [0, 1), e.g. [0.9, 0.999]")
+        elif key in WORDS or (value is None and key not in POSITIVE | NOT_NEGATIVE):
+            continue  # None: the optimizer's default (e.g. OneBitLamb's scale_block: one scale for all)
+        elif not _is_number(value):
+            raise LaunchError(f"{where}: give a number")
+        elif key in POSITIVE and not value > 0:
+            raise LaunchError(f"{where}: give a number above 0")
+        elif key in NOT_NEGATIVE and value < 0:
+            raise LaunchError(f"{where}: give 0 or more")
+    if _is_number(params.get("min_coeff")) and _is_number(params.get("max_coeff")) \
+            and params["min_coeff"] > params["max_coeff"]:
+        raise LaunchError(f'optimizer params "min_coeff" {params["min_coeff"]} > "max_coeff" {params["max_coeff"]}: '
+                          f"the trust ratio's floor must not exceed its ceiling")
+    clip = config.get("gradient_clipping", 0.0)
+    if not _is_number(clip) or clip < 0:
+        raise LaunchError(f'"gradient_clipping" = {clip!r} in the DeepSpeed config: give 0 (off) or a norm above 0')
+
+
+STEP_COUNTS = ("warmup_num_steps", "total_num_steps", "cycle_first_step_size", "cycle_second_step_size",
+               "decay_step_size", "cycle_first_stair_count", "cycle_second_stair_count", "lr_range_test_step_size")
+
+
+def check_scheduler(config: dict) -> None:
+    """The scheduler's type one of DeepSpeed's, its params the ones that type takes, each of its
+    range, and a warm-up that ends within the schedule (WarmupDecayLR and WarmupCosineLR would
+    otherwise decay from a peak never reached, with no word)."""
+    block = config.get("scheduler")
+    if block is None:
+        return
+    from deepspeed.runtime import lr_schedules
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind not in lr_schedules.VALID_LR_SCHEDULES:
+        raise LaunchError(f"scheduler type {kind!r} in the DeepSpeed config is not one of DeepSpeed's: "
+                          f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}")
+    params = block.get("params", {})
+    if not isinstance(params, dict):
+        raise LaunchError(f'the scheduler\'s "params" must be an object, not {params!r}')
+    import inspect
+    takes = [name for name in inspect.signature(getattr(lr_schedules, kind).__init__).parameters
+             if name not in ("self", "optimizer", "last_batch_iteration")]
+    for key, value in params.items():
+        where = f'scheduler param "{key}" = {value!r} ({kind}) in the DeepSpeed config'
+        if key not in takes:
+            raise LaunchError(f'{where}: {kind} takes no such param; it takes {", ".join(takes)}')
+        if key == "warmup_type":
+            if value not in ("linear", "log"):
+                raise LaunchError(f'{where}: give "linear" or "log"')
+        elif key in ("lr_range_test_staircase", "cycle_momentum"):
+            if not isinstance(value, bool):
+                raise LaunchError(f"{where}: give true or false")
+        elif key in STEP_COUNTS:
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if key == "total_num_steps" else 0):
+                raise LaunchError(f"{where}: give a whole number of steps, "
+                                  f"{'1' if key == 'total_num_steps' else '0'} or more")
+        elif not _is_number(value) or value < 0:
+            raise LaunchError(f"{where}: give a number, 0 or more")
+    warmup, total = params.get("warmup_num_steps"), params.get("total_num_steps")
+    if warmup is not None and total is not None and warmup > total:
+        raise LaunchError(f"the scheduler's warmup_num_steps ({warmup}) exceeds its total_num_steps ({total}): "
+                          f"the rate would never reach its peak; shorten the warm-up or lengthen the schedule")
+
+
+def schedule_end_warning(config: dict, max_steps: int) -> str | None:
+    """A schedule that ends before --max-steps: a warning, not a refusal (the quickstart's STEPS
+    knob trains past a shipped schedule on purpose)."""
+    total = config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+    if total is not None and total < max_steps:
+        return (f"warning: the scheduler's total_num_steps ({total}) ends before --max-steps ({max_steps}): from "
+                f"step {total + 1} the learning rate stays where the schedule ends")
+    return None
+
+
+# train.py's numeric flags: the least each may be (0 where 0 means "off" or "all")
+COMMAND_LINE_FLOORS = {"max_steps": 0, "log_every": 1, "eval_every": 0, "save_every": 0, "save_every_minutes": 0,
+                       "keep_checkpoints": 0, "num_workers": 0, "trim_host_memory_every": 0,
+                       "shards_in_memory": 0, "plateau_check_samples": 0}
+
+
+def check_command_line(args) -> None:
+    for name, floor in COMMAND_LINE_FLOORS.items():
+        value = getattr(args, name, None)
+        if value is not None and value < floor:
+            meaning = " (0: the scheduler's total_num_steps)" if name == "max_steps" else ""
+            raise LaunchError(f"--{name.replace('_', '-')} {value}: give {floor} or more{meaning}")
+    if args.dist_timeout_minutes <= 0:
+        raise LaunchError(f"--dist-timeout-minutes {args.dist_timeout_minutes}: give a number of minutes above 0")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise LaunchError(f"--time-budget {args.time_budget:g}: give a duration above 0, e.g. 24h")
+
+
 def check_against_device(config: dict, on_cuda: bool) -> None:
     """What the config asks of the device."""
+    if not on_cuda and config.get("fp16", {}).get("enabled"):
+        raise LaunchError('"fp16" is enabled, but fp16 needs a GPU (DeepSpeed\'s CPU accelerator refuses it); on a '
+                          'CPU use bf16 (e.g. ds_configs/cpu_quickstart_lamb_bf16.json) or fp32 (e.g. '
+                          'ds_configs/cpu_tiny_lamb.json)')
     if optimizer_name(config) != "lamb" or lamb_implementation(config) != "deepspeed":
         return
     if not on_cuda:

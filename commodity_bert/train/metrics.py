@@ -26,6 +26,7 @@ import csv
 import json
 import math
 import os
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -47,6 +48,48 @@ def enabled_blocks(ds_config: dict) -> dict[str, dict]:
         return {"tensorboard": {"enabled": True}}
     return {name: ds_config[name] for name in OURS if isinstance(ds_config.get(name), dict)
             and ds_config[name].get("enabled", False)}
+
+
+# the module each sink imports, the package that brings it, and how a user gets that
+SINK_PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "tensorboard", "pip install tensorboard"),
+                 "wandb": ("wandb", "wandb", "pip install wandb"),
+                 "comet": ("comet_ml", "comet_ml", "pip install comet_ml")}
+
+
+def sink_directory(name: str, block: dict, run_dir: Path) -> Path:
+    """Where a tensorboard or csv_monitor block writes: its output_path (RUN/NAME by default) and job_name."""
+    return Path(block.get("output_path") or run_dir / name) / (block.get("job_name") or "")
+
+
+def monitor_problem(ds_config: dict, run_dir: Path) -> str | None:
+    """What would stop a monitor block on rank 0 once the engine is built, said before it is: its
+    library missing, or its directory one that cannot be made or written."""
+    import importlib
+    blocks = enabled_blocks(ds_config)
+    comet = ds_config.get("comet")
+    if isinstance(comet, dict) and comet.get("enabled"):
+        blocks["comet"] = comet
+    for name, block in blocks.items():
+        if name in SINK_PACKAGES:
+            module, package, install = SINK_PACKAGES[name]
+            try:  # imported as the sink will: a package present but broken counts as missing
+                importlib.import_module(module)
+            except ImportError:
+                if name not in ds_config:
+                    return (f"with no monitor block in the DeepSpeed config, metrics go to TensorBoard, which needs "
+                            f'the {package} package: {install}, or add "csv_monitor": {{"enabled": true}}')
+                return (f'the "{name}" block of the DeepSpeed config needs the {package} package, which is not '
+                        f'installed: {install}, or set "{name}": {{"enabled": false}}')
+        if name in ("tensorboard", "csv_monitor"):
+            directory = sink_directory(name, block, run_dir)
+            try:  # made now, as the sink would make it, and a file written there and removed
+                directory.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryFile(dir=directory):
+                    pass
+            except OSError as exc:
+                return (f'the "{name}" block writes to {directory}, which cannot be made or written '
+                        f'({exc.strerror or exc}); give another "output_path"')
+    return None
 
 
 def metric_name(key: str) -> str:
@@ -135,8 +178,7 @@ class MetricsLogger:
             if name == "wandb":
                 self.sinks.append(WandbSink(block, run_dir, run_config or {}, start_step))
                 continue
-            default = run_dir / name
-            directory = Path(block.get("output_path") or default) / (block.get("job_name") or "")
+            directory = sink_directory(name, block, run_dir)
             self.sinks.append((TensorBoardSink if name == "tensorboard" else CsvSink)(directory, start_step))
 
     def _start_history_at(self, start_step: int) -> None:

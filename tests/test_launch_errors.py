@@ -1,0 +1,186 @@
+"""Mistakes a user makes at launch end in one line from one rank before any step, with the same
+non-zero status on every rank and no "lost a peer"; an error one rank meets mid-run stops every
+rank together, the others naming that rank (train/bookkeeping.py, hold_error)."""
+import json
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import CPU_CONFIG, REPO, launch_cmd
+
+from commodity_bert.train.launch_checks import (
+    LaunchError,
+    check_against_device,
+    check_command_line,
+    check_deepspeed_config,
+    schedule_end_warning,
+)
+
+TINY = ["--model", "tiny", "--num-workers", 1]
+
+
+def config_with(tmp_path, name: str, change) -> str:
+    config = json.loads(CPU_CONFIG.read_text())
+    change(config)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def launch(args: list, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(launch_cmd(2, *args), cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def no_wandb(tmp_path) -> dict:
+    """An environment where `import wandb` fails, as where it is not installed."""
+    stub = tmp_path / "no_wandb" / "wandb"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
+    return {"PYTHONPATH": f"{stub.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def launches(tmp_path) -> dict:
+    """name → (train.py's arguments but data and output, environment, the phrase of its line)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+
+    def wandb_block(c):
+        c["wandb"] = {"enabled": True, "project": "p"}
+
+    def tensorboard_under_a_file(c):
+        c["tensorboard"] = {"enabled": True, "output_path": str(blocker / "tb")}
+
+    def fp16(c):
+        c["fp16"] = {"enabled": True}
+
+    def lr_word(c):
+        c["optimizer"]["params"]["lr"] = "fast"
+
+    def warmup_past_total(c):
+        c["scheduler"]["params"].update(warmup_num_steps=5, total_num_steps=1)
+
+    plain = config_with(tmp_path, "plain", lambda c: None)
+    return {
+        "wandb_missing": (["--deepspeed_config", config_with(tmp_path, "wandb", wandb_block)], no_wandb(tmp_path),
+                          'the "wandb" block of the DeepSpeed config needs the wandb package, which is not installed'),
+        "tensorboard_path": (["--deepspeed_config", config_with(tmp_path, "tb", tensorboard_under_a_file)], None,
+                             f'the "tensorboard" block writes to {blocker / "tb"}, which cannot be made or written'),
+        "fp16_on_cpu": (["--deepspeed_config", config_with(tmp_path, "fp16", fp16)], None,
+                        '"fp16" is enabled, but fp16 needs a GPU'),
+        "negative_max_steps": (["--deepspeed_config", plain, "--max-steps", -5], None,
+                               "--max-steps -5: give 0 or more (0: the scheduler's total_num_steps)"),
+        "lr_word": (["--deepspeed_config", config_with(tmp_path, "lr", lr_word)], None,
+                    "optimizer param \"lr\" = 'fast' in the DeepSpeed config: give a number"),
+        "warmup_past_total": (["--deepspeed_config", config_with(tmp_path, "warmup", warmup_past_total)], None,
+                              "the scheduler's warmup_num_steps (5) exceeds its total_num_steps (1)"),
+    }
+
+
+def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path, train_data):
+    """The table of issue 51, each row launched as a user does on 2 ranks (two launches at a time:
+    each stops before the engine, so most of its time is the ranks' imports)."""
+    cases = launches(tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(cases, pool.map(
+            lambda item: launch([*item[1][0], *TINY, "--data", train_data, "--output-dir", tmp_path / item[0],
+                                 *([] if "--max-steps" in item[1][0] else ["--max-steps", 5])], item[1][1]),
+            cases.items())))
+    for name, proc in done.items():
+        phrase = cases[name][2]
+        lines = [line for line in proc.stderr.splitlines() if "train.py: error:" in line]
+        assert len(lines) == 1 and phrase in lines[0], (name, proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr + proc.stdout and "lost a peer" not in proc.stderr, name
+        # both ranks left with the same status: DeepSpeed's launcher reports the first it saw
+        assert proc.returncode == 2, (name, proc.returncode)
+        assert not (tmp_path / name / "metrics.jsonl").exists(), name
+
+
+@pytest.mark.parametrize("args, phrase", [
+    ({"max_steps": -1}, "--max-steps -1: give 0 or more"),
+    ({"log_every": 0}, "--log-every 0: give 1 or more"),
+    ({"keep_checkpoints": -2}, "--keep-checkpoints -2: give 0 or more"),
+    ({"dist_timeout_minutes": 0}, "--dist-timeout-minutes 0: give a number of minutes above 0"),
+    ({"time_budget": 0.0}, "--time-budget 0: give a duration above 0"),
+])
+def test_command_line_numbers_out_of_range_are_refused(args, phrase):
+    from train import parse_args
+    parsed = parse_args(["--data", "d", "--output-dir", "o"])
+    vars(parsed).update(args)
+    with pytest.raises(LaunchError, match=phrase.replace("(", r"\(").replace(")", r"\)")):
+        check_command_line(parsed)
+
+
+@pytest.mark.parametrize("change, phrase", [
+    (lambda c: c["optimizer"]["params"].update(betas=[0.9, 1.5]), 'optimizer param "betas" = [0.9, 1.5]'),
+    (lambda c: c["optimizer"]["params"].update(eps=0), 'optimizer param "eps" = 0 in the DeepSpeed config: give a '
+                                                       'number above 0'),
+    (lambda c: c["optimizer"]["params"].update(weight_decay=-0.1), 'optimizer param "weight_decay" = -0.1'),
+    (lambda c: c["optimizer"]["params"].update(bias_correction="yes"), 'give true or false'),
+    (lambda c: c["optimizer"]["params"].update(min_coeff=20.0), '"min_coeff" 20.0 > "max_coeff" 10.0'),
+    (lambda c: c.update(gradient_clipping=-1), '"gradient_clipping" = -1'),
+    (lambda c: c["scheduler"].update(type="Cosine"), "scheduler type 'Cosine' in the DeepSpeed config is not one"),
+    (lambda c: c["scheduler"]["params"].update(warmup_steps=3), 'scheduler param "warmup_steps" = 3 (WarmupDecayLR)'
+                                                                 ' in the DeepSpeed config: WarmupDecayLR takes no such'),
+    (lambda c: c["scheduler"]["params"].update(total_num_steps=2.5), "give a whole number of steps, 1 or more"),
+    (lambda c: c["scheduler"]["params"].update(warmup_max_lr="1e-3"), 'give a number, 0 or more'),
+    (lambda c: c["scheduler"]["params"].update(warmup_type="cosine"), 'give "linear" or "log"'),
+])
+def test_every_number_of_the_optimizer_and_scheduler_is_checked(change, phrase):
+    config = json.loads(CPU_CONFIG.read_text())
+    check_deepspeed_config(config, 2)  # as shipped: passes
+    change(config)
+    with pytest.raises(LaunchError) as error:
+        check_deepspeed_config(config, 2)
+    assert phrase in str(error.value) and "\n" not in str(error.value)
+
+
+def test_one_bit_optimizers_keep_their_words_and_gpu_configs_pass_on_a_gpu():
+    config = json.loads((REPO / "ds_configs" / "bert_base_phase1_onebit_lamb_fp16.json").read_text())
+    config["optimizer"]["params"].update(freeze_step="auto", freeze_max_step=100, comm_backend_name="nccl")
+    check_deepspeed_config(config, 8)
+    check_against_device(config, on_cuda=True)
+    with pytest.raises(LaunchError, match="fp16 needs a GPU"):
+        check_against_device(config, on_cuda=False)
+
+
+def test_a_schedule_shorter_than_max_steps_is_a_warning_naming_both():
+    config = json.loads(CPU_CONFIG.read_text())  # total_num_steps 300
+    assert schedule_end_warning(config, 300) is None
+    assert schedule_end_warning(config, 400) == (
+        "warning: the scheduler's total_num_steps (300) ends before --max-steps (400): from step 301 the learning "
+        "rate stays where the schedule ends")
+
+
+def test_a_rank_that_stops_on_an_error_mid_run_is_named_by_the_others(tmp_path, train_data):
+    """Rank 0's csv_monitor directory replaced by a file once the run logs: rank 0 holds its error
+    to the next decision, every rank stops there with status 2, rank 1 names rank 0 and its line,
+    and no rank says it lost a peer or prints a traceback."""
+    csv_dir = tmp_path / "csv"
+    config = config_with(tmp_path, "csv", lambda c: c.update(csv_monitor={"enabled": True, "output_path": str(csv_dir)}))
+    run = tmp_path / "run"
+    proc = subprocess.Popen(launch_cmd(2, "--deepspeed_config", config, *TINY, "--data", train_data, "--output-dir",
+                                       run, "--max-steps", 300, "--log-every", 1),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    os.rename(csv_dir, tmp_path / "csv_moved")
+    csv_dir.write_text("a file now\n")
+    out, err = proc.communicate(timeout=240)
+    lines = [line for line in err.splitlines() if "train.py: error:" in line]
+    assert proc.returncode == 2, (out[-2000:], err[-3000:])
+    assert len(lines) == 2, err[-3000:]
+    assert lines[0].startswith("train.py: error: the metrics could not be written: ") or \
+        lines[1].startswith("train.py: error: the metrics could not be written: "), lines
+    own = next(line for line in lines if "the metrics could not be written" in line)
+    assert f"Not a directory: '{csv_dir}/" in own
+    named = next(line for line in lines if line is not own)
+    assert named.startswith("train.py: error: rank 0 on ") and "stopped with an error after step" in named
+    assert own.split("train.py: error: ", 1)[1] in named  # its line, where rank 1's output is all one has
+    assert "Traceback" not in err and "lost a peer" not in err
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps and max(steps) < 300 and not (run / "hf_model").exists()  # stopped, nothing exported
