@@ -185,7 +185,8 @@ def say(*lines: str) -> None:
 def fail(message: str, everyone: bool = False, status: int = 2):
     """One error line (from rank 0, or from every rank that found the problem), then exit."""
     if everyone or not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"train.py: error: {message}\n")  # one write: not run together with another rank's
+        sys.stderr.flush()
     sys.exit(status)
 
 
@@ -530,7 +531,10 @@ def main(argv: list[str] | None = None) -> None:
                     save()
             if decision.stop == "error":  # every rank, together: one line for the error, one naming its rank
                 data_iter.close()
-                print(*book.error_lines(step), sep="\n", file=sys.stderr, flush=True)
+                # one write per rank: under `python -u` print's text and newline are two, and two
+                # ranks' lines ran together
+                sys.stderr.write("".join(line + "\n" for line in book.error_lines(step)))
+                sys.stderr.flush()
                 sys.exit(2)
             if decision.stop in ("signal", "time budget"):
                 stopped_by = decision.stop
