@@ -182,3 +182,33 @@ def test_a_rank_that_stops_on_an_error_mid_run_is_named_by_the_others(tmp_path, 
     assert "Traceback" not in err and "lost a peer" not in err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps and max(steps) < 300 and not (run / "hf_model").exists()  # stopped, nothing exported
+
+
+def test_a_shard_that_fails_mid_run_is_held_and_the_last_batch_stands_in():
+    """next_batch: the error is kept for the next decision and the rank's step still meets the
+    others' collectives with the batch it had; at the first batch there is none, so it is raised."""
+    import torch
+
+    from commodity_bert.comm.bytes_counter import BytesCounter
+    from commodity_bert.data.loader import DataError
+    from commodity_bert.train.bookkeeping import Bookkeeping
+
+    def batches():
+        yield {"input_ids": torch.ones(2)}
+        raise DataError("shard s.hdf5 differs from its manifest (sha256)")
+
+    book = Bookkeeping(device=torch.device("cpu"), world=2, total_batch=4, max_steps=10, log_every=1, eval_every=0,
+                       save_every=0, save_every_minutes=0, time_budget=None, wire=BytesCounter())
+    stream = batches()
+    first = book.next_batch(stream)
+    assert book.next_batch(stream) is first and book.next_batch(stream) is first
+    assert book.error == "shard s.hdf5 differs from its manifest (sha256)"
+    with book.holding(OSError, what="the metrics could not be written: "):
+        raise OSError("disk full")
+    assert book.error == "shard s.hdf5 differs from its manifest (sha256)"  # the first is the one said
+    fresh = Bookkeeping(device=torch.device("cpu"), world=2, total_batch=4, max_steps=10, log_every=1, eval_every=0,
+                        save_every=0, save_every_minutes=0, time_budget=None, wire=BytesCounter())
+    stream = batches()
+    next(stream)
+    with pytest.raises(DataError):
+        fresh.next_batch(stream)
