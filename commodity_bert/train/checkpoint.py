@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from commodity_bert.data.shard_format import atomic_write_text
 from commodity_bert.optim.cpu_adam_resume import replay_bias_correction
 
 try:
@@ -163,15 +164,19 @@ def write_digest(step_dir: Path) -> None:
         if path.suffix == ".pt" and (problem := _torch_file_problem(path)):
             raise OSError(problem)
         files[str(path.relative_to(step_dir))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    tmp = step_dir / (DIGEST + ".tmp")
-    tmp.write_text(json.dumps({"files": files}, indent=1))
-    tmp.replace(step_dir / DIGEST)
+    atomic_write_text(step_dir / DIGEST, json.dumps({"files": files}, indent=1))
 
 
-def _files_read_by(step_dir: Path, rank: int, names) -> list[str]:
-    """Of a checkpoint's files, those `rank` reads when it resumes: the model (with the optimizer
-    at ZeRO 0), its generators, its ZeRO partition."""
-    return [n for n in names if n in (MODEL_FILE, rng_file(rank)) or f"zero_pp_rank_{rank}_" in n]  # bf16_zero_pp_…
+def _files_read_by(rank: int, names) -> tuple[list[str], list[str]]:
+    """Of a checkpoint's file names, those `rank` reads when it resumes (the model, with the
+    optimizer at ZeRO 0; its generators; its ZeRO partition, bf16_zero_pp_… too), and those it
+    needs that are not among them."""
+    names = list(names)
+    read = [n for n in names if n in (MODEL_FILE, rng_file(rank)) or f"zero_pp_rank_{rank}_" in n]
+    lacking = [n for n in (MODEL_FILE, rng_file(rank)) if n not in read]
+    if any(n.endswith("_optim_states.pt") for n in names) and not any(f"zero_pp_rank_{rank}_" in n for n in read):
+        lacking.append(f"zero_pp_rank_{rank}_*_optim_states.pt")
+    return read, lacking
 
 
 def damage(directory: Path, tag: str, rank: int) -> str | None:
@@ -181,16 +186,16 @@ def damage(directory: Path, tag: str, rank: int) -> str | None:
     digest_file = step_dir / DIGEST
     if not digest_file.is_file():
         if latest(directory) == tag:  # written before checkpoints had digests: as before, by its files
-            missing = _missing_files(directory, tag, rank)
-            return f"it lacks {', '.join(missing)}" if missing else None
+            _, lacking = _files_read_by(rank, (p.name for p in step_dir.iterdir()) if step_dir.is_dir() else ())
+            return f"it lacks {', '.join(lacking)}" if lacking else None
         return "its save did not finish (no digest.json)"
     try:
         recorded = json.loads(digest_file.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "its digest.json cannot be read"
-    needed = _files_read_by(step_dir, rank, recorded)
-    if MODEL_FILE not in needed or rng_file(rank) not in needed:
-        return f"it holds no {MODEL_FILE if MODEL_FILE not in needed else rng_file(rank)}"
+    needed, lacking = _files_read_by(rank, recorded)
+    if lacking:
+        return f"it holds no {', '.join(lacking)}"
     for name in needed:
         path = step_dir / name
         if not path.is_file():
@@ -262,8 +267,7 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
         reason = next(f for f in failures if f)
         raise CheckpointError(_space_message(directory, tag, need or partial, reason, at_least=not need))
     if writer:
-        (directory / "latest.tmp").write_text(tag)
-        (directory / "latest.tmp").replace(directory / "latest")
+        atomic_write_text(directory / "latest", tag)
     dist.barrier()
     if writer and keep > 0:  # the whole ones beyond `keep`, and unfinished ones older than this
         older = sorted(p for p in directory.iterdir() if p.is_dir() and TAG.match(p.name) and p.name < tag)
@@ -281,17 +285,6 @@ def latest(directory: Path) -> str | None:
         return None
     tag = marker.read_text().strip()
     return tag if (directory / tag).is_dir() else None
-
-
-def _missing_files(directory: Path, tag: str, rank: int) -> list[str]:
-    """The files this rank reads when it resumes `tag`, if absent here."""
-    step_dir = directory / tag
-    needed = [step_dir / MODEL_FILE, step_dir / rng_file(rank)]
-    missing = [p.name for p in needed if not p.is_file()]
-    zero_files = list(step_dir.glob("*_optim_states.pt"))
-    if zero_files and not any(f"zero_pp_rank_{rank}_" in p.name for p in zero_files):
-        missing.append(f"zero_pp_rank_{rank}_*_optim_states.pt")
-    return missing
 
 
 def _gather(mine) -> list:
@@ -347,8 +340,7 @@ def agree_on_resume(directory: Path, explicit: bool, node_local: bool = False) -
             if is_writer(node_local):  # out of the way of pruning and of the next resume, kept for a look
                 for skipped in sorted(p for p in directory.iterdir() if TAG.match(p.name) and p.name > tag):
                     skipped.rename(skipped.with_name(skipped.name + ".skipped"))
-                (directory / "latest.tmp").write_text(tag)
-                (directory / "latest.tmp").replace(directory / "latest")
+                atomic_write_text(directory / "latest", tag)
             dist.barrier()
             return tag, (f"{broken}: resuming from {tag}, the newest intact one; the skipped checkpoints are "
                          f"kept as NAME.skipped")

@@ -43,14 +43,10 @@ class AloneGroup:
     def get_data_parallel_world_size(self) -> int:
         return 1
 
-    def get_model_parallel_group(self):
-        return self.group
-
-    def get_model_parallel_rank(self) -> int:
-        return 0
-
-    def get_model_parallel_world_size(self) -> int:
-        return 1
+    # no model parallelism: the same one-rank group
+    get_model_parallel_group = get_data_parallel_group
+    get_model_parallel_rank = get_data_parallel_rank
+    get_model_parallel_world_size = get_data_parallel_world_size
 
 
 def build_engine(ds_config: dict, model, mpu: AloneGroup | None = None) -> Engine:
