@@ -182,6 +182,14 @@ def say(*lines: str) -> None:
             print(line, flush=True)
 
 
+def stop_for_error(book: Bookkeeping, step: int):
+    """Every rank, together: one line for the error, one naming the rank that met it. One write per
+    rank: under `python -u` print's text and newline are two, and two ranks' lines ran together."""
+    sys.stderr.write("".join(line + "\n" for line in book.error_lines(step)))
+    sys.stderr.flush()
+    sys.exit(2)
+
+
 def fail(message: str, everyone: bool = False, status: int = 2):
     """One error line (from rank 0, or from every rank that found the problem), then exit."""
     if everyone or not dist.is_initialized() or dist.get_rank() == 0:
@@ -366,12 +374,19 @@ def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardS
     return state["samples"], state.get("clocks", {})
 
 
-def start_records(run_dir: Path, run_config: dict) -> None:
-    """RUN/run_config.json; the summary of an earlier launch goes, or it would say "finished" while
-    this one trains."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SUMMARY).unlink(missing_ok=True)
-    (run_dir / RUN_CONFIG).write_text(json.dumps(run_config, indent=1))
+def start_records(run_dir: Path, args, inputs, ds_config: dict, mode_name: str, model_config,
+                  node_local: bool) -> dict:
+    """The run's record (every rank): what run_config.json holds, which rank 0 writes; the summary of
+    an earlier launch goes, or it would say "finished" while this one trains."""
+    run_config = json.loads(json.dumps(
+        {"args": vars(args), "deepspeed_config": inputs.given_config, "deepspeed_config_effective": ds_config,
+         "comm_mode": mode_name, "world_size": dist.get_world_size(),
+         "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
+    if dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SUMMARY).unlink(missing_ok=True)
+        (run_dir / RUN_CONFIG).write_text(json.dumps(run_config, indent=1))
+    return run_config
 
 
 def final_summary(engine, model, device, book, samples: int, stopped_by: str, last_eval: dict) -> dict:
@@ -439,12 +454,7 @@ def main(argv: list[str] | None = None) -> None:
         export()
         dist.barrier()
         return
-    run_config = json.loads(json.dumps(
-        {"args": vars(args), "deepspeed_config": inputs.given_config, "deepspeed_config_effective": ds_config,
-         "comm_mode": mode.name, "world_size": world,
-         "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
-    if rank == 0:
-        start_records(run_dir, run_config)
+    run_config = start_records(run_dir, args, inputs, ds_config, mode.name, model_config, node_local)
     if args.watch_downstream:
         start_watcher(args.watch_downstream, run_dir, rank)
     # metrics.jsonl, and the sinks of the config's tensorboard / csv_monitor / wandb blocks
@@ -529,13 +539,9 @@ def main(argv: list[str] | None = None) -> None:
             elif decision.save:
                 with book.unlogged():
                     save()
-            if decision.stop == "error":  # every rank, together: one line for the error, one naming its rank
+            if decision.stop == "error":
                 data_iter.close()
-                # one write per rank: under `python -u` print's text and newline are two, and two
-                # ranks' lines ran together
-                sys.stderr.write("".join(line + "\n" for line in book.error_lines(step)))
-                sys.stderr.flush()
-                sys.exit(2)
+                stop_for_error(book, step)
             if decision.stop in ("signal", "time budget"):
                 stopped_by = decision.stop
                 say(f"stopping at step {step}: {decision.stop}; checkpoint saved")

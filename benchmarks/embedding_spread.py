@@ -7,8 +7,8 @@ BERT's initialisation.
 With tied input and output embeddings, every masked-LM step pushes the output row of every
 token that was not the answer away from the hidden state; a token that is rarely an input or an
 answer gets only that push, the same direction for all of them, and Adam-type optimizers scale
-it to a full-size step. Issue 30 asked whether that is why a briefly pretrained model probes
-and fine-tunes no better than random weights (it measured the collapse, and that untying the
+it to a full-size step. This asks whether that is why a briefly pretrained model probes
+and fine-tunes no better than random weights (RESULTS.md measures the collapse, and that untying the
 embeddings removes it without moving the downstream figures).
 
     python benchmarks/embedding_spread.py --model RUN [--corpus ../shared/corpora/sotu.txt] [--json OUT]

@@ -1,7 +1,7 @@
 """BERT-large on 16–256 commodity GPUs over 1, 10 and 25 Gbit/s Ethernet, LAMB against 1-bit
 LAMB, on paper: `bert-plan estimate` by hand (no GPU was measured), one run per link and
 freeze assumption, summarised in one table; then a second table of every mode's shipped recipe
-(LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo) per link and latency, with issue 34's DiLoCo settings (int4
+(LAMB, 1-bit LAMB, 0/1 Adam, DiLoCo) per link and latency, with the DiLoCo settings of the streaming study (int4
 at H = 112, and the same streamed in 4 fragments overlapped with 5 inner steps) beside them.
 
     python benchmarks/plan_on_paper.py [--gpu-tflops 125] [--mfu 0.35] [--gpus-per-node 4]
@@ -98,7 +98,7 @@ def main() -> None:
 
 
 MODES = "lamb,onebit_lamb,zero_one_adam,diloco"
-# issue 34's settings, on paper: the shipped int4 DiLoCo recipe (H = 112, error feedback) as it is,
+# the streaming study's settings, on paper: the shipped int4 DiLoCo recipe (H = 112, error feedback) as it is,
 # and streamed (its block changed)
 DERIVED = {
     "diloco_int4_h112": {},

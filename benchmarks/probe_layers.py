@@ -2,8 +2,8 @@
 mean-pooled states, pretrained beside the same architecture at random init.
 
 bert-finetune's linear probe reads the last layer only. When a small, briefly pretrained
-model's last layer probes worse than random weights (issue 30 measured it on both embedded
-tasks), this says whether the information is gone from the whole encoder or only from the
+model's last layer probes worse than random weights (measured on both embedded
+tasks: RESULTS.md), this says whether the information is gone from the whole encoder or only from the
 top layers that masked-LM training turns toward predicting frequent tokens. Same procedure as
 bert-finetune (baselines.pooled_features, baselines.linear_probe): logistic regression on
 standardised features, C chosen on the held-out slice of the training split

@@ -13,7 +13,7 @@ included, as in any run). Each variant's config puts its steady state early:
   diloco_h10    H = 10, bf16 pseudo-gradient: windows of 10 hold 9 inner steps and 1 outer step
   diloco_inner  H larger than the run: inner steps only (with diloco_h10 this separates an
                 outer step's cost from an inner step's)
-  diloco_int4_h10    H = 10, int4 pseudo-gradient with error feedback (issue 34's choice)
+  diloco_int4_h10    H = 10, int4 pseudo-gradient with error feedback (the streaming study's choice)
   diloco_stream_h10  the same in 2 fragments (offsets 0 and 5), each exchange overlapped with
                      the next 3 inner steps: windows of 10 hold 2 half-model exchanges
 Runs of 0/1 Adam and DiLoCo are 31 steps and their last step's window is left out (under

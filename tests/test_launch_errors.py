@@ -80,7 +80,7 @@ def launches(tmp_path) -> dict:
 
 
 def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path, train_data):
-    """The table of issue 51, each row launched as a user does on 2 ranks (two launches at a time:
+    """Each bad launch of the table above, launched as a user does on 2 ranks (two launches at a time:
     each stops before the engine, so most of its time is the ranks' imports)."""
     cases = launches(tmp_path)
     with ThreadPoolExecutor(2) as pool:
