@@ -47,6 +47,18 @@ def pytest_xdist_make_scheduler(config, log):
     return ByGroup(config, log)
 
 
+# The shared runs (reference_runs, mode_run) train the first time a test asks for them, inside that
+# test's time: 4 to 11 minutes where bf16 is emulated (an AMD EPYC without AVX-512), against the
+# 600 s that pyproject.toml gives a test. Their launches have timeouts of their own.
+SHARED_TRAINING_TIMEOUT = 1800
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if {"reference_runs", "mode_run"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(SHARED_TRAINING_TIMEOUT))
+
+
 def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:
     """Run the real CLI in its own process, as a user would."""
     proc = subprocess.run([sys.executable, "-m", "data_prep", *map(str, args)], capture_output=True, check=False,
@@ -429,10 +441,12 @@ def mode_run(tmp_path_factory, request):
         if not done:
             try:
                 train_every_case()
-            except Exception as error:  # raised again for every test, not trained again for each
+            # raised again for every test, not trained again for each; BaseException: a test's
+            # timeout (pytest-timeout's Failed) is one, and caught as Exception it trained anew
+            except BaseException as error:
                 done.update(dict.fromkeys(MODE_CASES, error))
                 raise
-        if isinstance(done[name], Exception):
+        if isinstance(done[name], BaseException):
             raise done[name]
         whole, result = done[name]
         checked(whole)
