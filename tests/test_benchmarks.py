@@ -55,9 +55,12 @@ def test_throughput_benchmark_counts_padding_and_reports_both_paths(tmp_path, so
 
 
 def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small):
-    out = tmp_path / "result.json"
+    """12 s a side at micro-batch 8: each side's clock includes its start (the Trainer's first step
+    ended at 9.6 s at micro-batch 32 on a 2-core AMD EPYC without AVX-512, past a 6-s budget)."""
+    out, budget_s = tmp_path / "result.json", 12
     proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--model", "tiny", "--input", sotu_small,
-                           "--minutes", "0.1", "--eval-every-s", "2", "--project-eval-every", "2",
+                           "--minutes", str(budget_s / 60), "--micro-batch", "8", "--eval-every-s", "2",
+                           "--project-eval-every", "2",
                            "--warmup-steps", "2", "--work", str(tmp_path / "work"), "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,7 +70,7 @@ def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small)
         assert len(curve) >= 2, side
         # evaluation time is left out of each side's clock, which never runs past the budget by much
         times = [r["elapsed_s"] for r in curve]
-        assert times == sorted(times) and times[-1] < 6 + 20, (side, times)
+        assert times == sorted(times) and times[-1] < budget_s + 20, (side, times)
         assert all(0 <= r["val_mlm_acc"] <= 1 for r in curve)
     assert result["target"] == result["hf_trainer"][-1]["val_mlm_acc"]
     first_reaching = next((r for r in result["project"] if r["val_mlm_acc"] >= result["target"]), None)

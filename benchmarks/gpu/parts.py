@@ -44,10 +44,10 @@ TOLERANCES = {"step1_loss": 0.05, "step1_grad_norm_ratio": 0.1, "late_loss": 0.1
 LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss (GPU sizes only)
 
 SIZES = {  # the rehearsal runs every path of the plan, small
-    "gpu": {"steps": 30, "resume_steps": 10, "speed_models": ["base", "large"], "speed_micro_batch": 64,
+    "gpu": {"steps": 30, "resume_steps": 10, "correctness_micro_batch": None, "speed_models": ["base", "large"], "speed_micro_batch": 64,
             "speed_steps": 8, "speed_repeats": 3, "max_micro_batch": 4096, "mfu_micro_batch": 256,
             "pretrain_model": "mini", "pretrain_micro_batch": 256, "pretrain_minutes": 1.25, "probe_steps": 20},
-    "rehearse": {"steps": 3, "resume_steps": 1, "speed_models": ["tiny"], "speed_micro_batch": 8,
+    "rehearse": {"steps": 3, "resume_steps": 1, "correctness_micro_batch": 8, "speed_models": ["tiny"], "speed_micro_batch": 8,
                  "speed_steps": 2, "speed_repeats": 1, "max_micro_batch": 32, "mfu_micro_batch": 16,
                  "pretrain_model": "tiny", "pretrain_micro_batch": 16, "pretrain_minutes": 0.05, "probe_steps": 3},
 }
@@ -124,6 +124,8 @@ def part_correctness(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> No
     recorder.data.update({"steps": steps, "model": "tiny", "precisions": precisions, "tolerances": TOLERANCES})
     for optimizer, (shipped, changes) in OPTIMIZERS.items():
         base = with_changes(json.loads((REPO / "ds_configs" / shipped).read_text()), changes)
+        if sizes["correctness_micro_batch"]:  # None: the shipped config's
+            base["train_micro_batch_size_per_gpu"] = sizes["correctness_micro_batch"]
         if optimizer == "onebit_lamb":  # the freeze a third of the way in (the shipped 10 of 30 steps)
             base["optimizer"]["params"]["freeze_step"] = max(1, steps // 3)
         runs = {}

@@ -64,6 +64,7 @@ PARTS = ("correctness", "speed", "profile", "model", "fused_lamb")
 CAPS = {"gpu": {"install": 20, "correctness": 95, "speed": 85, "profile": 50, "model": 115, "fused_lamb": 55},
         "rehearse": {"install": 60, "correctness": 240, "speed": 90, "profile": 60, "model": 120, "fused_lamb": 10}}
 PLAN_LIMIT_S = 420
+EMULATED_BF16_CAP_FACTOR = 3
 # --model-minutes M: a call of its own for a longer pretraining (the top of the gain curve); the
 # part's cap grows with M, and the plan must fit one device call (600 s) with room for the transfer
 CALL_LIMIT_S = 560
@@ -75,6 +76,12 @@ def run_plan(args) -> int:
     if args.model_minutes is not None and args.model_minutes <= 0:
         raise SystemExit(f"session.py: error: --model-minutes {args.model_minutes}: give a positive number")
     caps = dict(CAPS[kind])
+    if kind == "rehearse":
+        from commodity_bert.optim.precision import native_cpu_bf16
+        if not native_cpu_bf16():
+            # bf16 emulated (no AVX512_BF16 or AMX): its matmuls run 5-40x slower than fp32, and
+            # the rehearsal checks the script, not the CPU
+            caps = {p: s * EMULATED_BF16_CAP_FACTOR for p, s in caps.items()}
     if args.model_minutes:
         caps["model"] = round(args.model_minutes * 60 * 1.1 + 20 + MODEL_OVERHEAD_S)  # part_model's --time-budget, then the packing
     limit_s = CALL_LIMIT_S if args.model_minutes else PLAN_LIMIT_S
