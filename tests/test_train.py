@@ -255,7 +255,7 @@ def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
     """--compile through both 1-bit LAMB stages, and every rank exits: compiled runs kept rank 1's
     loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever."""
     run = tmp_path / "run"
-    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=300)
+    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=600)
     compiled, eager = rows(run), {r["step"]: r for r in rows(onebit20)}  # onebit20 logs every step
     assert [r["step"] for r in compiled] == [5, 10, 15]
     assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True

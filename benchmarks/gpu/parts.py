@@ -363,6 +363,11 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     minutes = args.model_minutes or sizes["pretrain_minutes"]
     seconds = minutes * 60
     steps = max(10, int(seconds * seq_per_s / batch))
+    # --time-budget (it counts the start too; inside the cap): the minutes, or, where the floor of
+    # 10 steps outlasts them (a slow CPU's rehearsal), those steps at the probe's speed, twice over
+    # for the evaluations the probe leaves out
+    planned_s = steps * batch / seq_per_s
+    budget_s = (seconds if planned_s <= seconds else 2 * planned_s) * 1.1 + 20
     warmup = max(1, steps * 6 // 100)
     config = with_changes(base, {"scheduler": {"params": {"warmup_num_steps": warmup, "total_num_steps": steps}}})
     recorder.data.update({"model": model, "micro_batch": batch, "probe_seq_per_s": seq_per_s, "planned_steps": steps,
@@ -370,7 +375,7 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     recorder.save()
     started = time.perf_counter()
     rows = train_once(config, work, "pretrained", data, model, steps, "--eval-every", str(max(1, steps // 5)),
-                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(seconds * 1.1 + 20))  # counts the start too; inside the cap
+                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(budget_s))
     run_dir = work / "pretrained"
     summary = json.loads((run_dir / "summary.json").read_text())
     recorder.data.update({"seconds": round(time.perf_counter() - started, 1), "steps": summary["step"],
