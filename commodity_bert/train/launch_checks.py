@@ -126,13 +126,13 @@ def check_project_block(config: dict) -> None:
     if block is None:
         return
     if not isinstance(block, dict):
-        raise LaunchError(f'"commodity_bert" in the DeepSpeed config must be an object, not {block!r}')
+        raise LaunchError(f'"{PROJECT_BLOCK}" in the DeepSpeed config must be an object, not {block!r}')
     for name, value in block.items():
         if name not in PROJECT_SECTIONS:
-            raise LaunchError(f'unknown key "commodity_bert.{name}" in the DeepSpeed config; '
+            raise LaunchError(f'unknown key "{PROJECT_BLOCK}.{name}" in the DeepSpeed config; '
                               f'the known ones are {", ".join(sorted(PROJECT_SECTIONS))}')
         if not isinstance(value, dict):
-            raise LaunchError(f'"commodity_bert.{name}" must be an object, not {value!r}')
+            raise LaunchError(f'"{PROJECT_BLOCK}.{name}" must be an object, not {value!r}')
         for key in value:
             if key not in PROJECT_SECTIONS[name]:
                 raise LaunchError(f'unknown key "commodity_bert.{name}.{key}" in the DeepSpeed config; '
