@@ -570,6 +570,12 @@ if __name__ == "__main__":
         # one process table, signal each rank twice.
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
+        # The process group goes while the interpreter is whole: left to its finalization, gloo's
+        # worker threads can end a rank that finished with SIGABRT ("terminate called without an
+        # active exception"; pytorch/pytorch#190489). Here, not in main(): benchmarks/gpu/session.py
+        # calls main() again in the same process.
+        if dist.is_initialized():
+            dist.destroy_process_group()
         # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a
         # rank, paid by every launch; frozen, the collector skips them (0.15 s).
         gc.freeze()

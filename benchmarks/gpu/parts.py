@@ -357,17 +357,19 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     # torch_adam: torch's AdamW, not DeepSpeed's FusedAdam, whose JIT build would take the minutes
     base = with_changes(json.loads((REPO / "ds_configs" / "cpu_mini_adamw_bf16.json").read_text()),
                         {"train_micro_batch_size_per_gpu": batch, "optimizer": {"params": {"torch_adam": True}}})
+    probing = time.perf_counter()
     probe = train_once(base, work, "probe", data, model, sizes["probe_steps"])
+    probe_s = time.perf_counter() - probing  # a run's start, mostly: what --time-budget counts too
     speeds = [r["seq_per_s"] for r in trained_rows(probe)[1:] if r.get("seq_per_s")]
     seq_per_s = statistics.median(speeds) if speeds else batch
     minutes = args.model_minutes or sizes["pretrain_minutes"]
     seconds = minutes * 60
     steps = max(10, int(seconds * seq_per_s / batch))
-    # --time-budget (it counts the start too; inside the cap): the minutes, or, where the floor of
-    # 10 steps outlasts them (a slow CPU's rehearsal), those steps at the probe's speed, twice over
-    # for the evaluations the probe leaves out
+    # --time-budget (it counts the start too; inside the cap): the minutes; or, where the floor of
+    # 10 steps outlasts them (a slow CPU's rehearsal), a start as long as the probe's whole run and
+    # those steps at the probe's speed twice over, for the evaluations the probe leaves out
     planned_s = steps * batch / seq_per_s
-    budget_s = (seconds if planned_s <= seconds else 2 * planned_s) * 1.1 + 20
+    budget_s = (seconds if planned_s <= seconds else probe_s + 2 * planned_s) * 1.1 + 20
     warmup = max(1, steps * 6 // 100)
     config = with_changes(base, {"scheduler": {"params": {"warmup_num_steps": warmup, "total_num_steps": steps}}})
     recorder.data.update({"model": model, "micro_batch": batch, "probe_seq_per_s": seq_per_s, "planned_steps": steps,
