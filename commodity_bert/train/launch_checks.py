@@ -135,7 +135,7 @@ def check_project_block(config: dict) -> None:
             raise LaunchError(f'"{PROJECT_BLOCK}.{name}" must be an object, not {value!r}')
         for key in value:
             if key not in PROJECT_SECTIONS[name]:
-                raise LaunchError(f'unknown key "commodity_bert.{name}.{key}" in the DeepSpeed config; '
+                raise LaunchError(f'unknown key "{PROJECT_BLOCK}.{name}.{key}" in the DeepSpeed config; '
                                   f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[name]))}')
     enabled = section(config, "activation_checkpointing").get("enabled", False)
     if not isinstance(enabled, bool):
