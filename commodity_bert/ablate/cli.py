@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs, slurm
-from commodity_bert.ablate.record import Ablation, AblationError, run_downstream
+from commodity_bert.ablate.record import Ablation, AblationError, downstream_file, run_downstream
 from commodity_bert.data.shard_format import atomic_write_text as atomic_write
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     judge = p.add_argument_group("the comparison")
     judge.add_argument("--target", type=float, help="validation MLM accuracy to reach (0.11 or 11 for 11%%): "
                                                     "samples_to_target, seconds_to_target")
-    judge.add_argument("--downstream", metavar="TASK", help="fine-tune each finished run's model on TASK "
+    judge.add_argument("--downstream", metavar="TASK", nargs="+", help="fine-tune each finished run's model on each TASK "
                                                             "(bert-finetune --task, e.g. embedded:polarity)")
     judge.add_argument("--downstream-args", default="--seeds 1 2 3",
                        help="bert-finetune flags for --downstream (default: %(default)s)")
@@ -146,11 +146,22 @@ def write_outputs(ablation: Ablation) -> None:
         if status == "finished" and downstream.exists():
             probe = json.loads(downstream.read_text())
             row["downstream"] = {k: v for k, v in probe.items()
-                                 if k in ("task", "metric", "median", "min", "max", "per_seed", "seconds", "lr")}
+                                 if k in ("task", "family", "metric", "median", "min", "max", "per_seed", "seconds",
+                                          "lr")}
+            # what needs no pretraining: the family's own baseline
+            model_free = probe.get("bag_of_words") or probe.get("sliding_window") or probe.get("majority_tag") or {}
             row["downstream"]["bag_of_words"] = (probe.get("bag_of_words") or {}).get("value")
+            row["downstream"]["no_model_baseline"] = model_free.get("value")
+            if isinstance(probe.get("exact_match"), dict):
+                row["downstream"]["exact_match"] = probe["exact_match"]["median"]
             row["downstream"]["random_init"] = (probe.get("random_init") or {}).get("median")
             frozen = probe.get("linear_probe") or {}
             row["downstream"]["linear_probe"] = (frozen.get("pretrained") or {}).get("value")
+            row["downstream_tasks"] = {}
+            for path in sorted((run.run_dir / "downstream").glob("*.json")):
+                result = json.loads(path.read_text())
+                row["downstream_tasks"][result["task"]] = {k: result.get(k) for k in ("family", "metric", "median",
+                                                                                       "min", "max")}
         results.append(row)
     atomic_write(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
     atomic_write(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))
@@ -315,9 +326,10 @@ def run_ablation(args: argparse.Namespace, argv: list[str] | None = None) -> Non
                 ablation.state["failures"][key] = f"exit {code}: {line}"
                 print(f"{head}: FAILED (exit {code}): {line}", flush=True)
             ablation.save()
-        if args.downstream and runs.is_finished(run) and not (run.run_dir / "downstream.json").exists() \
+        if args.downstream and runs.is_finished(run) \
+                and not all(downstream_file(run, task).exists() for task in args.downstream) \
                 and not stop["asked"]:
-            print(f"{head}: fine-tuning on {args.downstream}", flush=True)
+            print(f"{head}: fine-tuning on {', '.join(args.downstream)}", flush=True)
             problem = run_downstream(run, args.downstream, args.downstream_args)
             if problem:
                 print(f"{head}: downstream failed: {problem}", flush=True)

@@ -69,16 +69,28 @@ class Ablation:
         atomic_write_text(self.path, json.dumps(self.state, indent=1) + "\n")
 
 
-def run_downstream(run: runs.Run, task: str, extra: str) -> str | None:
-    """bert-finetune on the run's exported model; the error line if it fails."""
-    out = run.run_dir / "downstream.json"
+def downstream_file(run: runs.Run, task: str) -> Path:
+    """RUN/downstream/TASK.json, the layout recipes/evaluate.sh writes (the model card reads both)."""
+    return run.run_dir / "downstream" / f"{task.replace(':', '_').replace('/', '_')}.json"
+
+
+def run_downstream(run: runs.Run, task_names: list[str], extra: str) -> str | None:
+    """bert-finetune on the run's exported model, task after task (RUN/downstream/TASK.json; the
+    first task's result is also RUN/downstream.json, the report's column); the first error line."""
     finetune = Path(sys.executable).parent / "bert-finetune"
-    cmd = [str(finetune) if finetune.exists() else "bert-finetune", "--model", str(run.run_dir),
-           "--task", task, "--json", str(out), "--quiet", *shlex.split(extra)]
-    with open(run.run_dir / "downstream.log", "a") as log:
-        log.write(f"\n$ {shlex.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode:
-        return runs.error_line((run.run_dir / "downstream.log").read_text())
+    for k, task in enumerate(task_names):
+        out = downstream_file(run, task)
+        if out.exists():
+            continue  # done before an interruption
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [str(finetune) if finetune.exists() else "bert-finetune", "--model", str(run.run_dir),
+               "--task", task, "--json", str(out), "--quiet", *shlex.split(extra)]
+        with open(run.run_dir / "downstream.log", "a") as log:
+            log.write(f"\n$ {shlex.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+        if proc.returncode:
+            return f"{task}: {runs.error_line((run.run_dir / 'downstream.log').read_text())}"
+        if k == 0:
+            atomic_write_text(run.run_dir / "downstream.json", out.read_text())
     return None

@@ -96,7 +96,7 @@ def markdown(results: list[dict], settings: dict, variants: dict[str, dict]) -> 
                       if (r.get("downstream") or {}).get("linear_probe") is not None]
             row.append((f"{metric} {_pct(median(scores))} ({_pct(min(scores))}–{_pct(max(scores))})" if scores
                         else "–") + (f"; bag of words {_pct(median(bow))}" if bow else "")
-                       + (f"; linear probe {_pct(median(frozen))}" if frozen else ""))
+                       + (f"; linear probe {_pct(median(frozen))}" if frozen else "") + other_tasks(done))
         lines.append("| " + " | ".join(row) + " |")
     problems = [r for r in results if r["status"] != "finished"]
     if problems:
@@ -105,6 +105,18 @@ def markdown(results: list[dict], settings: dict, variants: dict[str, dict]) -> 
                   for r in problems]
     lines += ["", "Each run's command is in `commands.sh`; its RUN directory is under `runs/`."]
     return "\n".join(lines) + "\n"
+
+
+def other_tasks(done: list[dict]) -> str:
+    """The downstream tasks after the first (bert-ablate --downstream A B C): each one's metric,
+    median over the finished seeds."""
+    first = next((r["downstream"]["task"] for r in done if r.get("downstream")), None)
+    scores: dict[str, list] = {}
+    for r in done:
+        for task, result in (r.get("downstream_tasks") or {}).items():
+            if task != first and result.get("median") is not None:
+                scores.setdefault(f"{task} {result['metric']}", []).append(result["median"])
+    return "".join(f"; {name} {_pct(median(values))}" for name, values in scores.items())
 
 
 def plots(results: list[dict], out_dir: Path) -> list[Path]:

@@ -42,11 +42,12 @@ def nodes_and_ranks(settings: dict) -> tuple[int, int]:
     return len(slots), slots[0]
 
 
-def array_script(out: Path, indices: list[int], settings: dict, downstream: str | None, downstream_args: str) -> str:
+def array_script(out: Path, indices: list[int], settings: dict, downstream: list[str] | None,
+                 downstream_args: str) -> str:
     nodes, ranks = nodes_and_ranks(settings)
     task = [sys.executable, "-m", "commodity_bert.ablate.slurm", str(out), "$SLURM_ARRAY_TASK_ID"]
     if downstream:
-        task += ["--downstream", downstream, "--downstream-args", downstream_args]
+        task += ["--downstream", *downstream, "--downstream-args", downstream_args]
     command = " ".join(a if a.startswith("$") else shlex.quote(a) for a in task)
     return "\n".join([
         "#!/bin/bash",
@@ -67,7 +68,7 @@ def array_script(out: Path, indices: list[int], settings: dict, downstream: str 
         ""])
 
 
-def submit(out: Path, settings: dict, indices: list[int], argv: list[str], sbatch_args: str, downstream: str | None,
+def submit(out: Path, settings: dict, indices: list[int], argv: list[str], sbatch_args: str, downstream: list[str] | None,
            downstream_args: str, dry_run: bool) -> str:
     """Write ABL/slurm_array.sbatch and, unless dry_run, submit it and the report after it."""
     script = out / "slurm_array.sbatch"
@@ -110,7 +111,7 @@ def _without_slurm_flags(argv: list[str]) -> list[str]:
     return kept
 
 
-def run_task(out: Path, index: int, downstream: str | None, downstream_args: str) -> int:
+def run_task(out: Path, index: int, downstream: list[str] | None, downstream_args: str) -> int:
     """Array task `index`: train that run through pretrain.sbatch (which requeues the task when the
     run stops early), then record a failure or fine-tune the finished model."""
     state = json.loads((out / "ablation.json").read_text())
@@ -148,7 +149,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m commodity_bert.ablate.slurm", description="one task of the job array")
     p.add_argument("out", type=Path)
     p.add_argument("index", type=int)
-    p.add_argument("--downstream")
+    p.add_argument("--downstream", nargs="+")
     p.add_argument("--downstream-args", default="")
     args = p.parse_args(argv)
     sys.exit(run_task(args.out, args.index, args.downstream, args.downstream_args))

@@ -72,7 +72,7 @@ def pooled_features(model, data, pad_id: int, device, rows: list[int] | None = N
     """The mean-pooled final hidden states of `rows` of `data` (default: every row), through the
     classifier's encoder in eval mode (no dropout), in row order, fp32 on the CPU: [rows,
     hidden]; with all_layers, every layer's (0 = the embeddings): [layers + 1, rows, hidden]."""
-    from commodity_bert.finetune.trainer import _collate
+    from commodity_bert.finetune.trainer import padded
     rows = list(range(len(data))) if rows is None else rows
     order = sorted(range(len(rows)), key=lambda k: -len(data.input_ids[rows[k]]))  # little padding
     config = model.bert.config
@@ -81,7 +81,7 @@ def pooled_features(model, data, pad_id: int, device, rows: list[int] | None = N
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             at = order[start:start + batch_size]
-            batch = _collate(data, [rows[k] for k in at], pad_id, device)
+            batch = padded(data, [rows[k] for k in at], pad_id, device)
             out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                              attention_mask=batch["attention_mask"], output_hidden_states=all_layers)
             mask = batch["attention_mask"].unsqueeze(-1).float()

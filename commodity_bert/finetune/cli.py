@@ -1,12 +1,17 @@
-"""bert-finetune: fine-tune a pretrained BERT on a classification task over several seeds and
-report the dev metric beside the majority class, a bag-of-words logistic regression (and, with
---random-init, the same architecture fine-tuned from random weights), so a reader sees what
-pretraining bought. The learning rate is chosen per arm on a held-out slice of the training
+"""bert-finetune: fine-tune a pretrained BERT on a task over several seeds and report the dev
+metric beside baselines that need no pretraining (and, with --random-init, the same
+architecture fine-tuned from random weights), so a reader sees what pretraining bought. Three
+families, told apart by the files' layout: sentence (pair) classification, beside the majority
+class and a bag-of-words logistic regression; extractive QA (SQuAD's JSON), exact match and F1
+beside a sliding-window word-overlap answer; token tagging (CoNLL columns, JSONL tokens + tags),
+entity F1 beside each word's most frequent tag. The learning rate is chosen per arm on a held-out slice of the training
 data (--lr auto, the default; never on dev), and a collapsed pretrained model is named.
 
     bert-finetune --model RUN --task embedded:polarity --random-init
     bert-finetune --model RUN/hf_model --train train.csv --validation dev.csv --text-field review
     bert-finetune --model RUN --glue MRPC glue_data/MRPC --json mrpc.json
+    bert-finetune --model RUN --train squad/train-v1.1.json --validation squad/dev-v1.1.json --max-seq-len 384
+    bert-finetune --model RUN --train ner/train.conll --validation ner/dev.conll
     bert-finetune --watch RUN --task embedded:polarity     # probe each checkpoint as it appears
 """
 from __future__ import annotations
@@ -18,13 +23,19 @@ import os
 import sys
 from pathlib import Path
 
-from commodity_bert.finetune import tasks
+from commodity_bert.finetune import qa, tagging, tasks
 from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.finetune.metrics import METRICS
 from commodity_bert.finetune.models import POOLINGS, ModelError
 from commodity_bert.finetune.tasks import Task, TaskError
 
 PROG = "bert-finetune"
+FAMILIES = ("classification", "qa", "tagging")
+EMBEDDED = {**{name: ("classification", make) for name, make in tasks.EMBEDDED.items()},
+            **{name: ("qa", make) for name, make in qa.EMBEDDED.items()},
+            **{name: ("tagging", make) for name, make in tagging.EMBEDDED.items()}}
+CLASSIFICATION_ONLY = {"text_pair_field": "--text-pair-field", "metric": "--metric", "positive_label": "--positive-label",
+                       "glue": "--glue"}
 
 
 class UsageError(Exception):
@@ -49,12 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--watch", type=Path, metavar="RUN", help="probe each new checkpoint and export of this "
                        "(running or finished) run; rows go to RUN/downstream.jsonl and its TensorBoard")
     task = p.add_argument_group("the task (one of)")
-    task.add_argument("--task", help=f"an embedded task: {', '.join(tasks.EMBEDDED)}")
+    task.add_argument("--task", help=f"an embedded task: {', '.join(EMBEDDED)}")
     task.add_argument("--glue", nargs=2, metavar=("TASK", "DIR"),
                       help="GLUE's own TSVs: SST-2, CoLA, MRPC, QQP, QNLI, RTE or MNLI, and the directory of its "
                            "train.tsv and dev.tsv (MNLI: dev_matched.tsv)")
-    task.add_argument("--train", type=Path, help="CSV/TSV with a header row, JSONL, or a save_to_disk dataset")
+    task.add_argument("--train", type=Path, help="classification: CSV/TSV with a header row, JSONL, or a save_to_disk "
+                      "dataset; extractive QA: SQuAD's JSON (or its rows as JSONL / a saved dataset); token "
+                      "tagging: CoNLL columns (.conll, .iob, .bio, .txt, .tsv) or JSONL tokens + tags")
     task.add_argument("--validation", type=Path, help="the dev set, in the same form")
+    task.add_argument("--family", choices=FAMILIES, help="the task family (default: from the --train file's "
+                      "layout: SQuAD's JSON is qa, CoNLL columns and JSONL tokens + tags are tagging, the rest "
+                      "classification; .txt/.tsv files are tagging only when named so)")
     task.add_argument("--text-field", default="text")
     task.add_argument("--text-pair-field", help="the second text of sentence-pair tasks")
     task.add_argument("--label-field", default="label")
@@ -91,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the classifier head starts fresh (default) or as a logistic regression on the frozen "
                          "encoder's features of the training rows (linear probing then fine-tuning, Kumar et "
                          "al. 2022), in every arm")
+    hp.add_argument("--stride", type=int, metavar="N", help="extractive QA: tokens two windows of a long context "
+                    "share (default: a quarter of --max-seq-len)")
     hp.add_argument("--batch-size", type=int, default=32)
     hp.add_argument("--max-seq-len", type=int, default=128)
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
@@ -155,11 +173,46 @@ def check_arguments(args) -> None:
         raise UsageError("--dropout must be in [0, 1) and --warmup-fraction in [0, 1]")
     if len(set(args.seeds)) != len(args.seeds):
         raise UsageError("--seeds: each seed once")
+    if args.stride is not None and args.stride < 0:
+        raise UsageError("--stride must be 0 or more")
 
 
-def load_task(args) -> Task:
+def embedded(name: str):
+    if name not in EMBEDDED:
+        raise TaskError(f"--task {name}: unknown; embedded tasks: {', '.join(EMBEDDED)}")
+    return EMBEDDED[name][1]()
+
+
+def family_of(args) -> str:
+    """The family --family names, else the one the --train file's layout says."""
     if args.task is not None:
-        task = tasks.embedded(args.task)
+        if args.task not in EMBEDDED:
+            embedded(args.task)  # the error line
+        return EMBEDDED[args.task][0]
+    if args.glue is not None or args.train is None:
+        return args.family or "classification"
+    if args.family:
+        return args.family
+    if qa.is_squad(args.train):
+        return "qa"
+    return "tagging" if tagging.is_tagging(args.train) else "classification"
+
+
+def load_task(args):
+    family = family_of(args)
+    if family != "classification":
+        given = [flag for name, flag in CLASSIFICATION_ONLY.items() if getattr(args, name) is not None]
+        given += ["--head-init probe"] if args.head_init == "probe" else []
+        given += [f"--pooling {args.pooling}"] if args.pooling != "mean" else []
+        if given:
+            raise UsageError(f"{given[0]} is for classification; this task is {family}")
+        module = qa if family == "qa" else tagging
+        task = embedded(args.task) if args.task is not None else module.from_files(args.train, args.validation)
+        return task if args.train_examples is None else module.sample_train(task, args.train_examples)
+    if args.stride is not None:
+        raise UsageError("--stride is for extractive QA; this task is classification")
+    if args.task is not None:
+        task = embedded(args.task)
     elif args.glue is not None:
         task = tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
     else:
@@ -168,21 +221,27 @@ def load_task(args) -> Task:
     return task if args.train_examples is None else tasks.sample_train(task, args.train_examples)
 
 
-def write_train_text(task: Task, path: Path) -> None:
+def write_train_text(task, path: Path) -> None:
     """The training split's texts as bert-data-prep's .txt (a blank line ends a document; a
     sentence pair is one document of two lines), written to a temporary name and renamed."""
     if path.is_dir():
         raise UsageError(f"--write-train-text {path}: a directory; give a file name such as {path}/train.txt")
     if not path.parent.is_dir():
         raise UsageError(f"--write-train-text {path}: no directory {path.parent}; create it first")
-    pairs = task.train.pairs or [None] * len(task.train.texts)
+    if task.family == "qa":  # each context once, in order
+        documents = [[text] for text in dict.fromkeys(q.context for q in task.train)]
+    elif task.family == "tagging":
+        documents = [[" ".join(words)] for words in task.train.words]
+    else:
+        documents = [[text] + ([pair] if pair else []) for text, pair in
+                     zip(task.train.texts, task.train.pairs or [None] * len(task.train.texts))]
     temporary = path.with_name(path.name + ".partial")
     with open(temporary, "w", encoding="utf-8") as fh:
-        for text, pair in zip(task.train.texts, pairs):
-            lines = [" ".join(text.split())] + ([" ".join(pair.split())] if pair else [])
+        for document in documents:
+            lines = [" ".join(text.split()) for text in document]
             fh.write("\n".join(line for line in lines if line) + "\n\n")
     temporary.replace(path)
-    print(f"{path}: {len(task.train.texts):,} training texts of {task.name} (the dev split is not in it)")
+    print(f"{path}: {len(documents):,} training texts of {task.name} (the dev split is not in it)")
 
 
 def pick_device(requested: str):
@@ -228,6 +287,31 @@ def collapse_warning(result: dict) -> str | None:
             f"(train.py's plateau warning names the likely causes)")
 
 
+def baseline_lines(result: dict) -> list[str]:
+    """The report's lines for what needs no pretraining, per family."""
+    if result.get("family") == "qa":
+        window = result["sliding_window"]
+        return [f"{'sliding window':<24}{100 * window['value']:>7.1f}%   (exact match {100 * window['exact_match']:.1f}%: "
+                f"the {window['span_words']}-word span whose {window['width']} words each side share the most words "
+                f"with the question)"]
+    if result.get("family") == "tagging":
+        return [f"{'majority tag':<24}{100 * result['majority_tag']['value']:>7.1f}%   (each word's most frequent "
+                f"training tag, O for words never seen)"]
+    bow = result["bag_of_words"]
+    lines = [f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})"]
+    probe = result.get("linear_probe")
+    if probe:
+        lines.append(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression "
+                     f"on the frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
+    label = f"majority ({result['majority']['label']})"
+    lines.append(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
+    rep = result["representations"]
+    lines.append(f"representations: mean cosine between inputs {rep['mean_cosine']:.3f} (random init "
+                 f"{rep['random_init_mean_cosine']:.3f})")
+    warning = collapse_warning(result)
+    return lines + ([warning] if warning else [])
+
+
 def print_report(result: dict) -> None:
     hp = result["hyperparameters"]
     folds = result["selection"].get("folds", 1)
@@ -238,31 +322,27 @@ def print_report(result: dict) -> None:
     steps = result["per_seed"][0]["steps"]
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     sampled = result.get("train_examples")
-    of = f" of {sampled['of']}, stratified" if sampled else ""
-    print(f"{result['task']}: {result['metric']} on {result['dev_size']} dev examples ({result['train_size']}{of} "
-          f"train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} epochs, at least "
-          f"{hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, {hp['pooling']} "
-          f"pooling{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
+    family = result.get("family", "classification")
+    of = (f" of {sampled['of']}" + (", stratified" if family == "classification" else "")) if sampled else ""
+    head = {"classification": f"{hp['pooling']} pooling", "qa": "windows sharing "
+            f"{hp['stride'] if hp.get('stride') is not None else hp['max_seq_len'] // 4} tokens",
+            "tagging": "a word's tag on its first piece"}[family]
+    units = {"classification": "examples", "qa": "questions", "tagging": "sentences"}[family]
+    print(f"{result['task']} ({family}): {result['metric']} on {result['dev_size']} dev {units} "
+          f"({result['train_size']}{of} train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} "
+          f"epochs, at least {hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, "
+          f"{head}{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
     print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}{'lr':>8}   per seed")
     named = [("pretrained", result)] + ([("random init", result["random_init"])] if result["random_init"] else [])
     for name, row in named:
         per_seed = " ".join(f"{100 * r['value']:.1f}" for r in row["per_seed"])
         print(f"{name:<24}{100 * row['median']:>7.1f}%{100 * row['min']:>7.1f}%{100 * row['max']:>7.1f}%"
               f"{row['lr']:>8.0e}   {per_seed}")
-    bow = result["bag_of_words"]
-    print(f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})")
-    probe = result.get("linear_probe")
-    if probe:
-        print(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression on "
-              f"the frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
-    label = f"majority ({result['majority']['label']})"
-    print(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
-    rep = result["representations"]
-    print(f"representations: mean cosine between inputs {rep['mean_cosine']:.3f} (random init "
-          f"{rep['random_init_mean_cosine']:.3f})")
-    warning = collapse_warning(result)
-    if warning:
-        print(warning)
+        if "exact_match" in row:
+            em = row["exact_match"]
+            print(f"{'  exact match':<24}{100 * em['median']:>7.1f}%{100 * em['min']:>7.1f}%{100 * em['max']:>7.1f}%")
+    for line in baseline_lines(result):
+        print(line)
     print(f"model: {result['model']}")
 
 

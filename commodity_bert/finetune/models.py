@@ -176,21 +176,24 @@ class PooledClassifier(torch.nn.Module):
         return self.classifier(self.dropout(self.features(input_ids, token_type_ids, attention_mask)))
 
 
-def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1,
-               pooling: str = "mean", reinit_layers: int = 0) -> PooledClassifier:
-    """A classifier with a fresh head (and pooler, where the source had none), drawn from
-    torch's generator: seed it first. `random_init`: the same architecture with none of the
-    pretrained weights. `reinit_layers`: the top N encoder layers start from BERT's
-    initialisation instead of the pretrained weights (Zhang et al. 2020, "Revisiting
-    few-sample BERT fine-tuning": the top layers specialise in the pretraining task)."""
+def task_config(pretrained: Pretrained, num_labels: int, dropout: float):
+    """The pretrained model's configuration with the task's label count and dropout; sdpa."""
     settings = {k: v for k, v in pretrained.config.to_dict().items() if k not in ("id2label", "label2id")}
     config = pretrained.config.__class__.from_dict({**settings, "hidden_dropout_prob": dropout,
                                                     "attention_probs_dropout_prob": dropout})
     config.num_labels = num_labels  # the setter rebuilds id2label; a from_dict key would lose to it
     config._attn_implementation = "sdpa"
-    # fp32 whatever dtype the source's config names (see _from_hf_directory); bf16 is autocast's job
-    model = PooledClassifier(config, pooling).float()
-    layers = config.num_hidden_layers
+    return config
+
+
+def with_encoder(model: torch.nn.Module, pretrained: Pretrained, random_init: bool, reinit_layers: int = 0):
+    """`model` (any head over a `bert` encoder, in fp32 whatever dtype the source's config names:
+    see _from_hf_directory; bf16 is autocast's job) with the pretrained encoder's weights, or
+    none of them (`random_init`). `reinit_layers`: the top N encoder layers keep BERT's
+    initialisation instead (Zhang et al. 2020, "Revisiting few-sample BERT fine-tuning": the top
+    layers specialise in the pretraining task)."""
+    model = model.float()
+    layers = model.bert.config.num_hidden_layers
     if not 0 <= reinit_layers <= layers:
         raise ModelError(f"--reinit-layers {reinit_layers}: the model {pretrained.path} has {layers} layers; "
                          f"give 0 to {layers}")
@@ -199,9 +202,18 @@ def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropo
         kept = {k: v for k, v in pretrained.encoder_state.items() if not k.startswith(fresh)}
         missing, unexpected = model.load_state_dict(kept, strict=False)
         missing = [k for k in missing if not k.startswith(fresh)]
-        # a trained pooler is only of use to pooling "pooler"
+        # a trained pooler is only of use to a head that reads it
         unexpected = [k for k in unexpected if not k.startswith("bert.pooler.")]
         assert not unexpected, unexpected  # the state was filtered to the encoder's names
-        if any(not (k.startswith("classifier.") or k.startswith("bert.pooler.")) for k in missing):
+        if any(k.startswith("bert.") and not k.startswith("bert.pooler.") for k in missing):
             raise ModelError(f"--model {pretrained.path}: the weights lack {missing[0]}")
     return model
+
+
+def classifier(pretrained: Pretrained, num_labels: int, random_init: bool, dropout: float = 0.1,
+               pooling: str = "mean", reinit_layers: int = 0) -> PooledClassifier:
+    """A classifier with a fresh head (and pooler, where the source had none), drawn from
+    torch's generator: seed it first. `random_init`: the same architecture with none of the
+    pretrained weights."""
+    model = PooledClassifier(task_config(pretrained, num_labels, dropout), pooling)
+    return with_encoder(model, pretrained, random_init, reinit_layers)

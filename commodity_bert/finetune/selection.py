@@ -98,19 +98,22 @@ def choose(trials: dict[float, float]) -> float:
 
 def select_lr(pretrained, task, train, hp, grid: list[float], seed: int, device, random_init: bool,
               progress: bool = True, name: str = "pretrained",
-              splits: list[tuple[list[int], list[int]]] | None = None) -> tuple[float, dict[float, float]]:
+              splits: list[tuple[list[int], list[int]]] | None = None,
+              finetune=None) -> tuple[float, dict[float, float]]:
     """(the chosen rate, each rate's score): per rate, one fine-tuning with `seed` per split on
     its rows to fit, scored on its held rows, the scores averaged over the splits. `train` is
     the task's encoded training split; nothing of the dev split is passed in. `splits`: the held-out
-    slice alone (held_out_slice, the default) or `folds`."""
+    slice alone (held_out_slice, the default) or `folds`. `finetune`: the task family's
+    (evaluation.FAMILIES; default: the classifier's)."""
     from dataclasses import replace
 
     from commodity_bert.finetune import trainer
+    finetune = finetune or trainer.finetune
     splits = splits or [held_out_slice(train.labels)]
     parts = [(train.subset(fit_rows), train.subset(held_rows)) for fit_rows, held_rows in splits]
     trials = {}
     for rate in grid:
-        scores = [trainer.finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate), device, random_init,
+        scores = [finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate), device, random_init,
                                    progress, label=f"{name} lr {rate:g}" + (f" fold {k + 1}" if len(parts) > 1 else ""))
                   ["value"] for k, (fit, held) in enumerate(parts)]
         trials[rate] = round(sum(scores) / len(scores), 6)

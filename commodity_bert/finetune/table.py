@@ -1,7 +1,8 @@
-"""One Markdown table from bert-finetune --json results, a task per row: the pretrained
-model's median (min–max) over seeds and its chosen lr, beside random initialisation, a
-bag-of-words logistic regression, the linear probe on frozen features (pretrained / random
-init) and the majority class.
+"""One Markdown table from bert-finetune --json results, a task per row (any family): the
+pretrained model's median (min–max) over seeds and its chosen lr, beside random initialisation,
+the family's baseline that needs no model (bag of words, sliding window, majority tag), the
+linear probe on frozen features (pretrained / random init) and the majority class, where the
+family has them.
 
     python -m commodity_bert.finetune.table RUN/downstream/*.json
 """
@@ -18,26 +19,38 @@ def cell(row: dict | None) -> str:
     return f"{100 * row['median']:.1f} ({100 * row['min']:.1f}–{100 * row['max']:.1f})"
 
 
+def model_free(r: dict) -> str:
+    """The family's baseline that needs no model: bag of words, sliding window, majority tag."""
+    for key, name in (("bag_of_words", "bag of words"), ("sliding_window", "sliding window"),
+                      ("majority_tag", "majority tag")):
+        if r.get(key):
+            return f"{100 * r[key]['value']:.1f} ({name})"
+    return "–"
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| task | metric | dev | pretrained | lr | random init | lr | bag of words | linear probe | majority "
-             "| seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| task | family | metric | dev | pretrained | lr | random init | lr | no-model baseline | linear probe "
+             "| majority | seeds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rand = r.get("random_init")
-        bow = r.get("bag_of_words")
-        bow_cell = f"{100 * bow['value']:.1f}" if bow else "–"
         probe = r.get("linear_probe")
         probe_cell = (f"{100 * probe['pretrained']['value']:.1f} / {100 * probe['random_init']['value']:.1f}"
                       if probe else "–")
-        lines.append(f"| {r['task']} | {r['metric']} | {r['dev_size']} | {cell(r)} | {lr(r)} | {cell(rand)} | "
-                     f"{lr(rand)} | {bow_cell} | {probe_cell} | "
-                     f"{100 * r['majority']['value']:.1f} | {len(r['per_seed'])} |")
+        majority = f"{100 * r['majority']['value']:.1f}" if r.get("majority") else "–"
+        metric = r["metric"] + (f" (exact match {100 * r['exact_match']['median']:.1f})"
+                                if isinstance(r.get("exact_match"), dict) else "")
+        lines.append(f"| {r['task']} | {r.get('family', 'classification')} | {metric} | {r['dev_size']} | {cell(r)} | "
+                     f"{lr(r)} | {cell(rand)} | {lr(rand)} | {model_free(r)} | {probe_cell} | {majority} | "
+                     f"{len(r['per_seed'])} |")
     models = sorted({r["model"] for r in results})
     notes = [f"{r['task']}: the pretrained model's representations look collapsed" for r in results
              if (r.get("representations") or {}).get("collapsed")]
     return "\n".join(lines) + (f"\n\nmedian (min–max) over seeds, in %; lr: the rate chosen on a held-out slice of "
-                               f"the training data (or given); linear probe: logistic regression on the frozen "
-                               f"mean-pooled features, pretrained / random init; model: {', '.join(models)}") + \
+                               f"the training data (or given); no-model baseline: bag of words (classification), "
+                               f"sliding window (extractive QA, F1), each word's majority tag (tagging, entity F1); "
+                               f"linear probe: logistic regression on the frozen mean-pooled features, pretrained / "
+                               f"random init; model: {', '.join(models)}") + \
         "".join(f"\n\nwarning: {n}" for n in notes)
 
 

@@ -51,6 +51,7 @@ class Hyperparameters:
     reinit_layers: int = 0  # the top N encoder layers start fresh (models.classifier)
     head_lr: float | None = None  # the classifier head's rate; None: lr, as the encoder's
     head_init: str = "fresh"  # fresh | probe: a logistic regression on the frozen features (fit_head_to_probe)
+    stride: int | None = None  # extractive QA: tokens two windows of a context share (qa.py); None: a quarter
 
 
 def total_steps(examples: int, hp: Hyperparameters) -> int:
@@ -131,7 +132,9 @@ def encode(task: Task, tokenizer, max_seq_len: int, cache_dir: Path | None) -> t
     return Encoded(*out["train"], labels["train"]), Encoded(*out["dev"], labels["dev"]), False
 
 
-def _collate(data: Encoded, rows: list[int], pad_id: int, device) -> dict:
+def padded(data, rows: list[int], pad_id: int, device) -> dict:
+    """input_ids, token_type_ids and attention_mask of `rows` of `data` (any family's encoded
+    split: lists of input_ids and token_type_ids), padded to the batch's longest."""
     width = max(len(data.input_ids[i]) for i in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(rows), width), dtype=torch.long)
@@ -141,7 +144,11 @@ def _collate(data: Encoded, rows: list[int], pad_id: int, device) -> dict:
         ids[r, :n] = torch.tensor(data.input_ids[i])
         types[r, :n] = torch.tensor(data.token_type_ids[i])
         mask[r, :n] = 1
-    return {"input_ids": ids.to(device), "token_type_ids": types.to(device), "attention_mask": mask.to(device),
+    return {"input_ids": ids.to(device), "token_type_ids": types.to(device), "attention_mask": mask.to(device)}
+
+
+def _collate(data: Encoded, rows: list[int], pad_id: int, device) -> dict:
+    return {**padded(data, rows, pad_id, device),
             "labels": torch.tensor([data.labels[i] for i in rows], device=device)}
 
 
@@ -155,7 +162,7 @@ def length_grouped_batches(lengths: list[int], batch_size: int, rng: np.random.G
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _autocast(device, precision: str):
+def autocast(device, precision: str):
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
@@ -164,7 +171,7 @@ def predict(model, data: Encoded, batch_size: int, pad_id: int, device, precisio
     order = sorted(range(len(data)), key=lambda i: -len(data.input_ids[i]))
     predicted = [0] * len(data)
     model.eval()
-    with torch.no_grad(), _autocast(device, precision):
+    with torch.no_grad(), autocast(device, precision):
         for start in range(0, len(order), batch_size * 2):
             rows = order[start:start + batch_size * 2]
             batch = _collate(data, rows, pad_id, device)
@@ -239,37 +246,26 @@ def fit_head_to_probe(model, train: Encoded, pad_id: int, device, num_labels: in
     model.train()
 
 
-def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, seed: int, hp: Hyperparameters,
-             device, random_init: bool = False, progress: bool = True, label: str | None = None) -> dict:
-    """Fine-tune from `pretrained` (or its architecture, randomly initialised) with one seed;
-    returns the dev metric and the seconds it took."""
-    started = time.perf_counter()
-    seed_everything(seed)
-    model = classifier(pretrained, len(task.label_names), random_init, hp.dropout, hp.pooling,
-                       hp.reinit_layers).to(device)
-    pad_id = pretrained.tokenizer.pad_token_id or 0
-    if hp.head_init == "probe":
-        fit_head_to_probe(model, train, pad_id, device, len(task.label_names))
+def fit(model, lengths: list[int], loss_of, total: int, seed: int, hp: Hyperparameters, progress: bool,
+        label: str) -> list[float]:
+    """`total` optimizer steps of AdamW with linear warmup and decay and gradient clipping, over
+    length-grouped batches of the training units (`lengths`: each unit's tokens), epoch after
+    epoch; `loss_of(rows)` is the family's loss on a batch of unit indices. Shared by every task
+    family (classification here, qa.py, tagging.py). Returns each step's loss."""
     optimizer = torch.optim.AdamW(parameter_groups(model, hp), lr=hp.lr, betas=(0.9, 0.999), eps=1e-8)
-    total = total_steps(len(train), hp)
     warmup = round(hp.warmup_fraction * total)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
-    lengths = [len(ids) for ids in train.input_ids]
     rng = np.random.default_rng(seed)
     model.train()
     step = 0
     losses = []
-    bar = tqdm(total=total, desc=label or f"seed {seed}", leave=False, disable=None if progress else True)
+    bar = tqdm(total=total, desc=label, leave=False, disable=None if progress else True)
     while step < total:
         for rows in length_grouped_batches(lengths, hp.batch_size, rng):
             if step >= total:
                 break
-            batch = _collate(train, rows, pad_id, device)
-            with _autocast(device, hp.precision):
-                logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                               attention_mask=batch["attention_mask"])
-            loss = F.cross_entropy(logits.float(), batch["labels"])
+            loss = loss_of(rows)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
             optimizer.step()
@@ -281,6 +277,30 @@ def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, s
             if step % 20 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
     bar.close()
+    return losses
+
+
+def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, seed: int, hp: Hyperparameters,
+             device, random_init: bool = False, progress: bool = True, label: str | None = None) -> dict:
+    """Fine-tune from `pretrained` (or its architecture, randomly initialised) with one seed;
+    returns the dev metric and the seconds it took."""
+    started = time.perf_counter()
+    seed_everything(seed)
+    model = classifier(pretrained, len(task.label_names), random_init, hp.dropout, hp.pooling,
+                       hp.reinit_layers).to(device)
+    pad_id = pretrained.tokenizer.pad_token_id or 0
+    if hp.head_init == "probe":
+        fit_head_to_probe(model, train, pad_id, device, len(task.label_names))
+    lengths = [len(ids) for ids in train.input_ids]
+    total = total_steps(len(train), hp)
+
+    def loss_of(rows):
+        batch = _collate(train, rows, pad_id, device)
+        with autocast(device, hp.precision):
+            logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                           attention_mask=batch["attention_mask"])
+        return F.cross_entropy(logits.float(), batch["labels"])
+    losses = fit(model, lengths, loss_of, total, seed, hp, progress, label or f"seed {seed}")
     predicted = predict(model, dev, hp.batch_size, pad_id, device, hp.precision)
     positive = task.label_names.index(task.positive_label) if task.positive_label is not None else None
     value = metrics.score(task.metric, predicted, dev.labels, len(task.label_names), positive)

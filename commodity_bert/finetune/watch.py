@@ -87,14 +87,17 @@ def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_di
     result = evaluate(pretrained, task, hp, seeds, device, cache_dir, random_init=False, progress=progress)
     known = pretrained.provenance
     row = {"step": candidate.step, "samples": known.get("samples"), "elapsed_s": known.get("elapsed_s"),
-           "task": task.name, "metric": task.metric, "median": result["median"], "min": result["min"],
-           "max": result["max"], "seeds": len(seeds), "source": candidate.kind, "seconds": result["seconds"],
-           "linear_probe": result["linear_probe"]["pretrained"]["value"]}
+           "task": task.name, "family": task.family, "metric": task.metric, "median": result["median"],
+           "min": result["min"], "max": result["max"], "seeds": len(seeds), "source": candidate.kind,
+           "seconds": result["seconds"]}
+    if "linear_probe" in result:  # classification's probe on frozen features
+        row["linear_probe"] = result["linear_probe"]["pretrained"]["value"]
     with open(run_dir / ROWS, "a") as fh:
         fh.write(json.dumps(row) + "\n")
     tag = f"downstream/{task.name.replace(':', '_')}"
     writer.add_scalar(f"{tag}/{task.metric}", result["median"], candidate.step)
-    writer.add_scalar(f"{tag}/linear_probe", row["linear_probe"], candidate.step)  # frozen: no seed noise
+    if "linear_probe" in row:
+        writer.add_scalar(f"{tag}/linear_probe", row["linear_probe"], candidate.step)  # frozen: no seed noise
     writer.flush()
     return row
 

@@ -8,7 +8,8 @@ fine-tuning results arrive later (bert-finetune --watch, bert-ablate --downstrea
 Everything in it is read from files, not remembered: RUN/run_config.json (arguments, DeepSpeed
 config, model config, world size), RUN/summary.json (steps, samples, times, hosts, hardware,
 final validation accuracy), RUN/metrics.jsonl, the data's manifest.json (sources and shards with
-their sizes and sha256), RUN/downstream.jsonl and RUN/downstream.json. The metadata header is
+their sizes and sha256), RUN/downstream.jsonl, RUN/downstream.json and RUN/downstream/*.json
+(recipes/evaluate.sh's, each family's result with its metric). The metadata header is
 Hugging Face's (huggingface_hub's ModelCardData), so the Hub and `ModelCard.load` read it."""
 from __future__ import annotations
 
@@ -43,16 +44,33 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
+TASK_TYPES = {"classification": "text-classification", "qa": "question-answering", "tagging": "token-classification"}
+
+
+def _final_row(result: dict, checkpoint: str) -> dict:
+    row = {"task": result["task"], "family": result.get("family", "classification"), "metric": result["metric"],
+           "median": result["median"], "min": result["min"], "max": result["max"],
+           "seeds": len(result.get("per_seed", [])), "checkpoint": checkpoint,
+           "random_init": (result.get("random_init") or {}).get("median")}
+    if isinstance(result.get("exact_match"), dict):  # QA's second metric
+        row["exact_match"] = result["exact_match"]["median"]
+    return row
+
+
 def downstream_rows(run_dir: Path) -> list[dict]:
-    """The fine-tuning results on record: the watcher's rows and bert-ablate's --downstream result."""
-    rows = [{"task": r["task"], "metric": r["metric"], "median": r["median"], "min": r["min"], "max": r["max"],
+    """The fine-tuning results on record: the watcher's rows, bert-ablate's --downstream result
+    and recipes/evaluate.sh's (RUN/downstream/*.json)."""
+    rows = [{"task": r["task"], "family": r.get("family", "classification"), "metric": r["metric"],
+             "median": r["median"], "min": r["min"], "max": r["max"],
              "seeds": r.get("seeds"), "checkpoint": f"step {r['step']} ({r.get('source', '')})"}
             for r in _read_rows(run_dir / "downstream.jsonl") if "median" in r]
     result = _read_json(run_dir / "downstream.json")
     if result and "median" in result:
-        rows.append({"task": result["task"], "metric": result["metric"], "median": result["median"],
-                     "min": result["min"], "max": result["max"], "seeds": len(result.get("per_seed", [])),
-                     "checkpoint": "final", "random_init": (result.get("random_init") or {}).get("median")})
+        rows.append(_final_row(result, "final"))
+    for path in sorted((run_dir / "downstream").glob("*.json")) if (run_dir / "downstream").is_dir() else []:
+        result = _read_json(path)
+        if result and "median" in result and "task" in result:
+            rows.append(_final_row(result, "final (recipes/evaluate.sh)"))
     return rows
 
 
@@ -94,9 +112,12 @@ def card_text(run_dir: Path) -> str:
         results.append(EvalResult(task_type="fill-mask", dataset_type="held-out", dataset_name=f"{data_dir.name} validation split",
                                   metric_type="accuracy", metric_name="masked-LM accuracy", metric_value=round(acc, 4)))
     for row in downstream:
-        results.append(EvalResult(task_type="text-classification", dataset_type=row["task"], dataset_name=row["task"],
-                                  metric_type=row["metric"], metric_name=f"{row['metric']} (median of {row['seeds']} seeds)",
-                                  metric_value=round(row["median"], 4)))
+        task_type = TASK_TYPES.get(row.get("family"), "text-classification")
+        metrics = [(row["metric"], row["median"])] + ([("exact_match", row["exact_match"])] if "exact_match" in row else [])
+        for metric, value in metrics:
+            results.append(EvalResult(task_type=task_type, dataset_type=row["task"], dataset_name=row["task"],
+                                      metric_type=metric, metric_name=f"{metric} (median of {row['seeds']} seeds)",
+                                      metric_value=round(value, 4)))
     data = ModelCardData(language="en", library_name="transformers", pipeline_tag="fill-mask",
                          tags=["bert", "fill-mask", "deepspeed", "commodity-bert"], model_name=name,
                          eval_results=results or None)
@@ -157,11 +178,11 @@ def card_text(run_dir: Path) -> str:
         lines += [f"| {split} | {s['name']} | {s['samples']:,} | {s['tokens']:,} | `{s['sha256']}` |"
                   for s in info.get("shards", [])]
     if downstream:
-        lines += ["", "## Fine-tuning", "", "| task | checkpoint | metric | median | min–max | seeds | random init |",
-                  "|---|---|---|---:|---:|---:|---:|"]
+        lines += ["", "## Fine-tuning", "", "| task | family | checkpoint | metric | median | min–max | seeds | random init |",
+                  "|---|---|---|---|---:|---:|---:|---:|"]
         for r in downstream:
             rand = r.get("random_init")
-            lines.append(f"| {r['task']} | {r['checkpoint']} | {r['metric']} | {100 * r['median']:.1f}% | "
+            lines.append(f"| {r['task']} | {r['family']} | {r['checkpoint']} | {r['metric']} | {100 * r['median']:.1f}% | "
                          f"{100 * r['min']:.1f}–{100 * r['max']:.1f}% | {r['seeds']} | "
                          f"{'' if rand is None else f'{100 * rand:.1f}%'} |")
     lines += ["", "## Reproduce", "", "```bash", reproduce_command(config, summary), "```", "",
