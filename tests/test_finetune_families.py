@@ -200,3 +200,28 @@ def test_embedded_qa_and_tagging_run_from_the_cli(tmp_path, tiny, capsys):
     assert ner["majority_tag"]["value"] == tagging.majority_tags(sampled)["value"] > 0
     assert ner["random_init"]["per_seed"] and ner["dev_size"] == 2077
     assert "sliding window" in report and "majority tag" in report and "exact match" in report
+
+
+def test_a_users_squad_and_conll_files_run_and_write_their_text(tmp_path, tiny, capsys):
+    """The same families from files a user brings (SQuAD's JSON, CoNLL columns), and
+    --write-train-text of each: the training split's contexts or sentences, never dev's."""
+    squad, entities = qa.embedded_squad(), tagging.embedded_entities()
+    (tmp_path / "squad").mkdir()
+    train_json = squad_file(tmp_path / "squad" / "train.json", squad.train[:40])
+    dev_json = squad_file(tmp_path / "squad" / "dev.json", squad.dev[:20])
+    train_conll = conll_file(tmp_path / "train.conll", (entities.train.words[:40], entities.train.tags[:40]))
+    dev_conll = conll_file(tmp_path / "dev.conll", (entities.dev.words[:20], entities.dev.tags[:20]))
+    for train, dev, family in ((train_json, dev_json, "qa"), (train_conll, dev_conll, "tagging")):
+        out = tmp_path / f"{family}.json"
+        finetune_main(["--model", str(tiny), "--train", str(train), "--validation", str(dev), "--max-seq-len", "64",
+                       *QUICK, "--json", str(out)])
+        result = json.loads(out.read_text())
+        assert (result["family"], result["train_size"], result["dev_size"]) == (family, 40, 20), result
+        assert result["task"] == ("squad" if family == "qa" else "train")
+    text = tmp_path / "squad.txt"
+    finetune_main(["--task", "embedded:squad", "--write-train-text", str(text)])
+    documents = text.read_text().split("\n\n")[:-1]
+    contexts = {" ".join(q.context.split()) for q in squad.train}
+    assert len(documents) == len(contexts) and set(documents) == contexts
+    assert not contexts & {" ".join(q.context.split()) for q in squad.dev}
+    capsys.readouterr()
