@@ -103,12 +103,13 @@ def test_vary_grid_reports_its_runs_own_numbers(interrupted_then_resumed):
 
 
 def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_data):
-    """...and the finished one is fine-tuned downstream (--downstream), its score in both reports."""
+    """...and the finished one is fine-tuned downstream (--downstream) on a task of two families,
+    each score in both reports and in the card's model-index with its own task type."""
     out = tmp_path / "ABL"
     proc = subprocess.run([*BERT_ABLATE, "--base", str(TINY), "--vary", "optimizer.type=Nonesuch,Lamb",
                            "--data", str(train_data), "--model", "tiny", "--ranks", "2", "--samples", "128",
                            "--train-args", "--num-workers 1", "--out", str(out), "--downstream", "embedded:party",
-                           "--downstream-args", ("--seeds 1 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
+                           "embedded:entities", "--downstream-args", ("--seeds 1 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
                                                  "--batch-size 64 --threads 1")],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -127,8 +128,14 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     assert "downstream" in table and f"{100 * probe['median']:.2f}" in table and "bag of words" in table
     assert f"linear probe {100 * probe['linear_probe']['pretrained']['value']:.2f}" in table
     card = (Path(good["run_dir"]) / "hf_model" / "README.md").read_text()  # rewritten with the fine-tuning row
-    assert f"| embedded:party | final | {probe['metric']} | {100 * probe['median']:.1f}% |" in card
+    assert f"| embedded:party | classification | final | {probe['metric']} | {100 * probe['median']:.1f}% |" in card
     assert f"value: {round(probe['median'], 4)}" in card                 # and in the Hub's metadata
+    tagged = json.loads((Path(good["run_dir"]) / "downstream" / "embedded_entities.json").read_text())
+    assert good["downstream_tasks"]["embedded:entities"] == {k: tagged[k] for k in ("family", "metric", "median",
+                                                                                     "min", "max")}
+    assert tagged["family"] == "tagging" and f"embedded:entities f1 {100 * tagged['median']:.2f}" in table
+    assert f"| embedded:entities | tagging | final | f1 | {100 * tagged['median']:.1f}% |" in card
+    assert "type: token-classification" in card and card.count("| embedded:party |") == 1
 
 
 def test_grid_and_bad_input(tmp_path, train_data, capsys):

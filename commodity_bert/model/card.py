@@ -64,13 +64,12 @@ def downstream_rows(run_dir: Path) -> list[dict]:
              "median": r["median"], "min": r["min"], "max": r["max"],
              "seeds": r.get("seeds"), "checkpoint": f"step {r['step']} ({r.get('source', '')})"}
             for r in _read_rows(run_dir / "downstream.jsonl") if "median" in r]
-    result = _read_json(run_dir / "downstream.json")
-    if result and "median" in result:
-        rows.append(_final_row(result, "final"))
-    for path in sorted((run_dir / "downstream").glob("*.json")) if (run_dir / "downstream").is_dir() else []:
-        result = _read_json(path)
-        if result and "median" in result and "task" in result:
-            rows.append(_final_row(result, "final (recipes/evaluate.sh)"))
+    finals = [_read_json(path) for path in sorted((run_dir / "downstream").glob("*.json"))] \
+        if (run_dir / "downstream").is_dir() else []
+    single = _read_json(run_dir / "downstream.json")  # bert-ablate's first task, also in downstream/ now
+    if single and single.get("task") not in {r.get("task") for r in finals if r}:
+        finals.insert(0, single)
+    rows += [_final_row(result, "final") for result in finals if result and "median" in result and "task" in result]
     return rows
 
 
