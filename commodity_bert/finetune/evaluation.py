@@ -1,6 +1,9 @@
-"""One evaluation of a model on a task: every seed of each arm (pretrained, and random init
-when asked), each at its chosen rate, beside the majority class, the bag of words and the linear
-probe; the result object of `bert-finetune --json`. Shared by the CLI and `--watch`."""
+"""One evaluation of a model on a task of any family: every seed of each arm (pretrained, and
+random init when asked), each at its chosen rate, beside the family's baselines (classification:
+the majority class, the bag of words, the linear probe; QA: the sliding window; tagging: the
+majority tag); the result object of `bert-finetune --json`. Shared by the CLI and `--watch`.
+Each family is a `Family` of hooks (FAMILIES), so the selection, the seeds and the arms are
+written once."""
 from __future__ import annotations
 
 import time
@@ -8,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from commodity_bert.finetune import models, qa, tagging, tasks
+from commodity_bert.finetune import models, qa, tagging, tasks, trainer
 from commodity_bert.finetune.models import ModelError, Pretrained
 from commodity_bert.finetune.tasks import Task, TaskError
 
@@ -17,7 +20,7 @@ def classification_baselines(pretrained: Pretrained, task: Task, train, dev, fit
                              device) -> dict:
     """The majority class, the bag of words, the linear probe on frozen features and the
     representation check (baselines.py), beside a classifier's arms."""
-    from commodity_bert.finetune import baselines, metrics, trainer
+    from commodity_bert.finetune import baselines, metrics
     majority_label = tasks.majority_label(task)
     positive = task.label_names.index(task.positive_label) if task.positive_label is not None else None
 
@@ -58,20 +61,14 @@ class Family:
 
 
 def _encode_classification(task, tokenizer, hp, cache_dir):
-    from commodity_bert.finetune import trainer
     return trainer.encode(task, tokenizer, hp.max_seq_len, cache_dir)
-
-
-def _finetune_classification(*args, **kwargs):
-    from commodity_bert.finetune import trainer
-    return trainer.finetune(*args, **kwargs)
 
 
 def _model_free(baselines):
     return lambda pretrained, task, train, dev, *rest: baselines(task, train, dev)
 
 
-FAMILIES = {"classification": Family(_encode_classification, _finetune_classification, classification_baselines),
+FAMILIES = {"classification": Family(_encode_classification, trainer.finetune, classification_baselines),
             "qa": Family(qa.encode, qa.finetune, _model_free(qa.baselines)),
             "tagging": Family(tagging.encode, tagging.finetune, _model_free(tagging.baselines))}
 
@@ -82,7 +79,7 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
     when hp.lr is None (auto); the result object of --json."""
     import torch
 
-    from commodity_bert.finetune import selection, trainer
+    from commodity_bert.finetune import selection
     started = time.perf_counter()
     family = FAMILIES[task.family]
     positions = pretrained.config.max_position_embeddings
