@@ -207,6 +207,11 @@ def test_embedded_qa_and_tagging_run_from_the_cli(tmp_path, tiny, capsys):
     assert ner["majority_tag"]["value"] == tagging.majority_tags(sampled)["value"] > 0
     assert ner["random_init"]["per_seed"] and ner["dev_size"] == 2077
     assert "sliding window" in report and "majority tag" in report and "exact match" in report
+    from commodity_bert.finetune.table import table  # recipes/evaluate.sh's table: a row per family
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table([squad, ner]).splitlines()}
+    assert f"| qa | f1 (exact match {100 * squad['exact_match']['median']:.1f}) |" in rows["embedded:squad"]
+    assert f"| {100 * squad['sliding_window']['value']:.1f} (sliding window) |" in rows["embedded:squad"]
+    assert f"| {100 * ner['majority_tag']['value']:.1f} (majority tag) |" in rows["embedded:entities"]
 
 
 def test_a_users_squad_and_conll_files_run_and_write_their_text(tmp_path, tiny, capsys):
