@@ -210,6 +210,8 @@ def load_task(args):
         given += [f"--pooling {args.pooling}"] if args.pooling != "mean" else []
         if given:
             raise UsageError(f"{given[0]} is for classification; this task is {family}")
+        if family == "tagging" and args.stride is not None:
+            raise UsageError("--stride is for extractive QA; this task is tagging")
         module = qa if family == "qa" else tagging
         task = embedded(args.task) if args.task is not None else module.from_files(args.train, args.validation)
         return task if args.train_examples is None else module.sample_train(task, args.train_examples)
