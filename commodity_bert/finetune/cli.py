@@ -27,7 +27,7 @@ from commodity_bert.finetune import qa, tagging, tasks
 from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.finetune.metrics import METRICS
 from commodity_bert.finetune.models import POOLINGS, ModelError
-from commodity_bert.finetune.tasks import Task, TaskError
+from commodity_bert.finetune.tasks import TaskError
 
 PROG = "bert-finetune"
 FAMILIES = ("classification", "qa", "tagging")
@@ -181,18 +181,21 @@ def check_arguments(args) -> None:
         raise UsageError("--stride must be 0 or more")
 
 
-def embedded(name: str):
+def embedded_entry(name: str) -> tuple:
+    """(family, the function that reads it) of an embedded task."""
     if name not in EMBEDDED:
         raise TaskError(f"--task {name}: unknown; embedded tasks: {', '.join(EMBEDDED)}")
-    return EMBEDDED[name][1]()
+    return EMBEDDED[name]
+
+
+def embedded(name: str):
+    return embedded_entry(name)[1]()
 
 
 def family_of(args) -> str:
     """The family --family names, else the one the --train file's layout says."""
     if args.task is not None:
-        if args.task not in EMBEDDED:
-            embedded(args.task)  # the error line
-        return EMBEDDED[args.task][0]
+        return embedded_entry(args.task)[0]
     if args.glue is not None or args.train is None:
         return args.family or "classification"
     if args.family:

@@ -37,11 +37,10 @@ import numpy as np
 import torch
 
 from commodity_bert.finetune import trainer
-from commodity_bert.finetune.tasks import TaskError, read_records
+from commodity_bert.finetune.tasks import TaskError, first_row_keys, name_of, read_records, sampled_rows
 
 MAX_ANSWER_TOKENS = 30  # BERT's run_squad: max_answer_length
 BEST_STARTS = 20  # starts and ends tried per window (run_squad's n_best_size)
-TRAIN_SAMPLE_SEED = 4848  # --train-examples: the same questions for every arm and seed (tasks.py's)
 
 
 @dataclass
@@ -177,48 +176,22 @@ def is_squad(path: Path) -> bool:
         except (OSError, UnicodeDecodeError):
             return False
         return head.lstrip().startswith("{") and '"data"' in head and '"paragraphs"' in head
-    return _first_row_has(path, ("question", "context", "answers"))
-
-
-def _first_row_has(path: Path, keys: tuple[str, ...]) -> bool:
-    if path.is_file() and path.suffix.lower() == ".jsonl":
-        try:
-            with open(path, encoding="utf-8-sig") as fh:
-                for line in fh:
-                    if line.strip():
-                        row = json.loads(line)
-                        return isinstance(row, dict) and all(k in row for k in keys)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return False
-    if path.is_dir() and (path / "dataset_info.json").is_file():
-        try:
-            features = json.loads((path / "dataset_info.json").read_text()).get("features", {})
-        except (OSError, json.JSONDecodeError):
-            return False
-        return all(k in features for k in keys)
-    return False
+    return {"question", "context", "answers"} <= first_row_keys(path)
 
 
 def from_files(train_path: Path, dev_path: Path) -> QATask:
     realigned: list = []
     train, left_train = read_questions(train_path, "train", realigned)
     dev, left_dev = read_questions(dev_path, "validation", realigned)
-    generic = train_path.stem.lower() in ("train", "training", "data")
-    name = train_path.parent.name if generic and train_path.parent.name else train_path.stem
-    return QATask(name, train, dev, {"train": str(train_path), "validation": str(dev_path),
+    return QATask(name_of(train_path), train, dev, {"train": str(train_path), "validation": str(dev_path),
                                      "unanswerable_left_out": left_train + left_dev,
                                      "answers_realigned": len(realigned)})
 
 
 def sample_train(task: QATask, n: int) -> QATask:
-    """`n` training questions, the first of one fixed shuffle (TRAIN_SAMPLE_SEED): the same for
-    every arm and seed, and a smaller `n` a subset of a larger one's."""
-    if not 0 < n <= len(task.train):
-        raise TaskError(f"--train-examples {n}: give a count from 1 to the training split's {len(task.train)} "
-                        f"questions")
-    rows = sorted(np.random.default_rng(TRAIN_SAMPLE_SEED).permutation(len(task.train))[:n].tolist())
-    return QATask(task.name, [task.train[i] for i in rows], task.dev,
-                  {**task.source, "train_examples": {"rows": n, "of": len(task.train), "sample_seed": TRAIN_SAMPLE_SEED}})
+    """`n` training questions (tasks.sampled_rows)."""
+    rows, record = sampled_rows(len(task.train), n, "questions")
+    return QATask(task.name, [task.train[i] for i in rows], task.dev, {**task.source, "train_examples": record})
 
 
 # ---------------------------------------------------------------- SQuAD v1.1's metric

@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter, defaultdict
@@ -30,12 +29,11 @@ import numpy as np
 import torch
 
 from commodity_bert.finetune import trainer
-from commodity_bert.finetune.tasks import TaskError, read_records
+from commodity_bert.finetune.tasks import TaskError, first_row_keys, name_of, read_records, sampled_rows
 
 CONLL_SUFFIXES = (".conll", ".conll03", ".conllu", ".iob", ".iob2", ".bio", ".txt", ".tsv")
 BIO = re.compile(r"^(O|[BI]-\S+)$")
 IGNORED = -100  # cross_entropy's ignore_index: pieces after a word's first, and special tokens
-TRAIN_SAMPLE_SEED = 4848  # --train-examples: the same sentences for every arm and seed (tasks.py's)
 
 
 @dataclass
@@ -145,16 +143,8 @@ def is_tagging(path: Path) -> bool:
     """Whether a --train file is in one of the layouts above (the CLI picks the family so)."""
     if path.is_file() and path.suffix.lower() in (".conll", ".conll03", ".conllu", ".iob", ".iob2", ".bio"):
         return True
-    if path.is_file() and path.suffix.lower() in (".jsonl",):
-        try:
-            with open(path, encoding="utf-8-sig") as fh:
-                for line in fh:
-                    if line.strip():
-                        row = json.loads(line)
-                        return isinstance(row, dict) and "tokens" in row and ("tags" in row or "ner_tags" in row)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return False
-    return False
+    keys = first_row_keys(path) if path.suffix.lower() == ".jsonl" else set()
+    return "tokens" in keys and bool({"tags", "ner_tags"} & keys)
 
 
 def task_of(name: str, train: Sentences, dev: Sentences, train_path, dev_path, source: dict) -> TaggingTask:
@@ -169,21 +159,15 @@ def task_of(name: str, train: Sentences, dev: Sentences, train_path, dev_path, s
 
 def from_files(train_path: Path, dev_path: Path) -> TaggingTask:
     train, dev = read_sentences(train_path, "train"), read_sentences(dev_path, "validation")
-    generic = train_path.stem.lower() in ("train", "training", "data")
-    name = train_path.parent.name if generic and train_path.parent.name else train_path.stem
-    return task_of(name, train, dev, train_path, dev_path, {"train": str(train_path), "validation": str(dev_path)})
+    return task_of(name_of(train_path), train, dev, train_path, dev_path, {"train": str(train_path), "validation": str(dev_path)})
 
 
 def sample_train(task: TaggingTask, n: int) -> TaggingTask:
-    """`n` training sentences, the first of one fixed shuffle (TRAIN_SAMPLE_SEED)."""
-    if not 0 < n <= len(task.train):
-        raise TaskError(f"--train-examples {n}: give a count from 1 to the training split's {len(task.train)} "
-                        f"sentences")
-    rows = sorted(np.random.default_rng(TRAIN_SAMPLE_SEED).permutation(len(task.train))[:n].tolist())
+    """`n` training sentences (tasks.sampled_rows)."""
+    rows, record = sampled_rows(len(task.train), n, "sentences")
     train = Sentences([task.train.words[i] for i in rows], [task.train.tags[i] for i in rows])
     return task_of(task.name, train, task.dev, "(the sampled rows)", "(the dev split)",
-                   {**task.source, "train_examples": {"rows": n, "of": len(task.train),
-                                                      "sample_seed": TRAIN_SAMPLE_SEED}})
+                   {**task.source, "train_examples": record})
 
 
 # ---------------------------------------------------------------- entity F1

@@ -196,16 +196,36 @@ def finish(task_name: str, metric: str, train: Split, dev: Split, train_path, de
     return Task(task_name, metric, train, dev, names, positive_label, source or {})
 
 
+def name_of(train_path: Path) -> str:
+    """The task's name from its training file: data/sst2/train.csv is "sst2", reviews_train.csv
+    is "reviews_train" (every family names its files so)."""
+    generic = train_path.stem.lower() in ("train", "training", "data")
+    return train_path.parent.name if generic and train_path.parent.name else train_path.stem
+
+
+def first_row_keys(path: Path) -> set[str]:
+    """The keys of a JSONL file's first object, or a saved dataset's features: what the CLI
+    tells the families apart by; empty for anything else or anything unreadable."""
+    try:
+        if path.is_file() and path.suffix.lower() == ".jsonl":
+            with open(path, encoding="utf-8-sig") as fh:
+                line = next((line for line in fh if line.strip()), "")
+            row = json.loads(line) if line else {}
+            return set(row) if isinstance(row, dict) else set()
+        if path.is_dir() and (path / "dataset_info.json").is_file():
+            return set(json.loads((path / "dataset_info.json").read_text()).get("features", {}))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    return set()
+
+
 def from_files(train_path: Path, dev_path: Path, text_field: str, pair_field: str | None, label_field: str,
                metric: str, positive_label=None) -> Task:
     train = split_from_records(read_records(train_path, "train"), train_path, "train", text_field, pair_field,
                                label_field)
     dev = split_from_records(read_records(dev_path, "validation"), dev_path, "validation", text_field,
                              pair_field, label_field)
-    # data/sst2/train.csv is task "sst2"; reviews_train.csv is "reviews_train"
-    generic = train_path.stem.lower() in ("train", "training", "data")
-    name = train_path.parent.name if generic and train_path.parent.name else train_path.stem
-    return finish(name, metric, train, dev, train_path, dev_path, positive_label,
+    return finish(name_of(train_path), metric, train, dev, train_path, dev_path, positive_label,
                   {"train": str(train_path), "validation": str(dev_path)})
 
 
@@ -384,6 +404,17 @@ def majority_label(task: Task):
 
 
 TRAIN_SAMPLE_SEED = 4848  # not a fine-tuning seed: the rows are the same whatever --seeds says
+
+
+def sampled_rows(size: int, n: int, unit: str) -> tuple[list[int], dict]:
+    """(`n` of `size` training rows, the first of one fixed shuffle, in order; the record the
+    JSON keeps) for --train-examples in the families without labels to stratify by (QA,
+    tagging): the same rows for every arm and seed, and a smaller `n`'s a subset of a larger's."""
+    if not 0 < n <= size:
+        raise TaskError(f"--train-examples {n}: give a count from 1 to the training split's {size} {unit}")
+    import numpy as np
+    rows = sorted(np.random.default_rng(TRAIN_SAMPLE_SEED).permutation(size)[:n].tolist())
+    return rows, {"rows": n, "of": size, "sample_seed": TRAIN_SAMPLE_SEED}
 
 
 def sample_train(task: Task, n: int) -> Task:
