@@ -7,22 +7,20 @@ runs on two one-thread queues side by side.
 """
 import argparse
 import json
-import statistics
 from pathlib import Path
 
+from commodity_bert.finetune.trainer import summarise  # what bert-finetune summarises its seeds with
+
 IGNORED = {"per_seed", "median", "min", "max", "exact_match", "seconds"}  # recomputed below
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def merged_arm(arms: list[dict]) -> dict:
     rows = sorted((row for arm in arms for row in arm["per_seed"]), key=lambda row: row["seed"])
     out = {key: value for key, value in arms[0].items() if key not in IGNORED}
-    out.update(spread([row["value"] for row in rows]), per_seed=rows)
-    if all("exact_match" in row for row in rows):
-        out["exact_match"] = spread([row["exact_match"] for row in rows])
+    out.update(summarise(rows))
+    if all("exact_match" in row for row in rows):  # QA's second metric, as evaluation.evaluate writes it
+        out["exact_match"] = {k: v for k, v in summarise([{"value": row["exact_match"]} for row in rows]).items()
+                              if k != "per_seed"}
     return out
 
 
