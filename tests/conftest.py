@@ -69,6 +69,24 @@ def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedPro
     return proc
 
 
+def refusal(main, args, capsys, console_module: str | None = None) -> tuple[int, str]:
+    """(exit status, stderr) of a command-line tool refusing `args`: through `python -m
+    console_module` in a process of its own where one is named (the path users run; a table of
+    bad inputs takes it once), else `main(args)` in this process, as a start imports torch and
+    transformers again (several CPU-seconds each)."""
+    args = [str(a) for a in args]
+    if console_module:
+        proc = subprocess.run([sys.executable, "-m", console_module, *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, check=False)
+        return proc.returncode, proc.stderr
+    capsys.readouterr()
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse's refusals, and tools that exit with their line
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
 # Each xdist worker hands out ports from its own span, below the kernel's ephemeral range (32768
 # and up) and below the fixed 29xxx ports of the namespace tests: ports from bind(0) are freed
 # before the launch binds them, and two workers asking at once were handed the same one

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import COMMON, REPO, launch_cmd
+from conftest import COMMON, REPO, launch_cmd, refusal
 
 from commodity_bert.finetune import metrics, tasks
 from commodity_bert.finetune.cli import main as finetune_main
@@ -58,8 +58,11 @@ def run_finetune(*args, json_out, cache=None):
     return json.loads(json_out.read_text())
 
 
+CONSOLE = "commodity_bert.finetune"
+
+
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "commodity_bert.finetune", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", CONSOLE, *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -242,16 +245,9 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, small, run30, capsys):
     }
     for case, (args, expected) in cases.items():
         model = [] if "--model" in args else ["--model", run30]
-        args = [*model, *args, *FAST, "--json", tmp_path / "out.json"]
-        # through the console script for a file's error and for the model's (read after the task),
-        # the rest in process: each process start imports torch and transformers again
-        if case in ("missing file", "no tokenizer"):
-            proc = cli(*args)
-            code, stderr = proc.returncode, proc.stderr
-        else:
-            with pytest.raises(SystemExit) as exit_:
-                finetune_main([str(a) for a in args])
-            code, stderr = exit_.value.code, capsys.readouterr().err
+        # through the console script for a file's error and for the model's (read after the task)
+        code, stderr = refusal(finetune_main, [*model, *args, *FAST, "--json", tmp_path / "out.json"], capsys,
+                               CONSOLE if case in ("missing file", "no tokenizer") else None)
         assert code == 2, (case, stderr[-2000:])
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("bert-finetune: error: "), (case, stderr)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, refusal
 
 from commodity_bert.finetune import qa, tagging
 from commodity_bert.finetune.cli import main as finetune_main
@@ -150,13 +150,9 @@ def test_bad_qa_and_tagging_files_get_one_line_naming_file_and_line(tmp_path, ti
     }
     for case, ((train, dev, *more), expected) in cases.items():
         args = ["--model", tiny, "--train", train, "--validation", dev, *more, *QUICK, "--json", tmp_path / "o.json"]
-        if case == "answer not at its offset":  # through the console script once, the rest in process
-            proc = cli(*args)
-            code, stderr = proc.returncode, proc.stderr
-        else:
-            with pytest.raises(SystemExit) as exit_:
-                finetune_main([str(a) for a in args])
-            code, stderr = exit_.value.code, capsys.readouterr().err
+        # through the console script once, the rest in process
+        code, stderr = refusal(finetune_main, args, capsys,
+                               "commodity_bert.finetune" if case == "answer not at its offset" else None)
         assert code == 2, (case, stderr[-2000:])
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("bert-finetune: error: "), (case, stderr)

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DEEPSPEED, REPO, free_port
+from conftest import DEEPSPEED, REPO, free_port, refusal
 
 from commodity_bert.plan.step_model import (
     GBIT,
@@ -242,16 +242,9 @@ def test_estimate_cli_knows_the_slow_link_modes_from_the_shipped_configs(tmp_pat
     (["estimate"], "--profile"),
 ])
 def test_estimate_bad_input_one_line(args, words, tmp_path, capsys):
-    if args == ["estimate"]:  # through the console script once, the rest in process (a start imports torch)
-        proc = plan(*args)
-        code, stderr = proc.returncode, proc.stderr
-    else:
-        from commodity_bert.plan.cli import main
-        try:
-            code = main(args)
-        except SystemExit as exit_:  # argparse's own refusals
-            code = exit_.code
-        stderr = capsys.readouterr().err
+    from commodity_bert.plan.cli import main
+    # through the console script once, the rest in process
+    code, stderr = refusal(main, args, capsys, "commodity_bert.plan" if args == ["estimate"] else None)
     assert code == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bert-plan: error:") and words in lines[0], stderr
