@@ -16,7 +16,9 @@ if [ -z "${EXTRAS:-}" ]; then
 fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip --quiet --disable-pip-version-check"
-$PIP install --upgrade pip setuptools wheel
+# setuptools_scm: seqeval (an sdist) names its version through it; setuptools 84 no longer fetches a
+# `setup_requires`, and without it seqeval builds as version 0.0.0 and the install fails
+$PIP install --upgrade pip setuptools wheel setuptools_scm
 # torch first: a bare `torch` requirement would pull the newest CUDA build (GBs)
 "$VENV/bin/python" -c "import torch" 2>/dev/null || $PIP install "$TORCH_SPEC"
 # --no-build-isolation: DeepSpeed's build must see the torch installed above
