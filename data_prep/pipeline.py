@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from commodity_bert.data import shard_format as fmt
-from commodity_bert.data.masking import mask_rows, mask_sequence
+from commodity_bert.data.masking import mask_rows
 from commodity_bert.data.vocab import Vocab
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
@@ -129,8 +129,8 @@ def _tokenize(documents: list[list[str]]) -> TokenPool:
 
 
 def _to_records(pool: TokenPool, rows: list, static: bool, masking_rng: np.random.Generator) -> np.ndarray:
-    """Instances → records, all rows at once; static masking in one numpy pass (`mask_rows`).
-    Whole-word masking masks row by row; both draw from `masking_rng`."""
+    """Instances → records, all rows at once; static masking (whole words too) in one numpy pass
+    (`mask_rows`), drawn from `masking_rng`."""
     cfg: PrepConfig = _worker["config"]
     records = np.zeros(len(rows), dtype=_worker["dtype_static"] if static else _worker["dtype_dynamic"])
     if not rows:
@@ -138,16 +138,9 @@ def _to_records(pool: TokenPool, rows: list, static: bool, masking_rng: np.rando
     tokens, lengths, segment_a, random_next = token_rows(pool, rows, _worker["spec"], cfg.nsp)
     masking = dict(mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions, mask_id=_worker["mask_id"],
                    is_special=_worker["is_special"], replacement_ids=_worker["replacement_ids"])
-    if static and _worker["continuation"] is None:
+    if static:
         tokens, records["masked_positions"], records["masked_ids"] = mask_rows(
-            tokens, lengths, rng=masking_rng, **masking)
-    elif static:
-        for row, length in enumerate(lengths):
-            masked, positions, originals = mask_sequence(
-                tokens[row, :length], rng=masking_rng, continuation=_worker["continuation"], **masking)
-            tokens[row, :length] = masked
-            records["masked_positions"][row, :len(positions)] = positions
-            records["masked_ids"][row, :len(positions)] = originals
+            tokens, lengths, rng=masking_rng, continuation=_worker["continuation"], **masking)
     records["tokens"] = tokens
     records["length"] = lengths
     records["segment_a"] = segment_a

@@ -7,9 +7,9 @@ appears in every k-th batch), and each rank fills it with its own shuffled sampl
 rank is then balanced without any communication. A rank streams its shards: an epoch is a
 series of rounds, each over a few of its shards in memory (`StreamPlan`), so a rank's memory is
 set by the shard size, not by the data set's. Each batch is trimmed to its
-longest sample (rounded up to a multiple of 8). Unmasked (dynamic) shards are masked here,
-with a generator seeded by (seed, epoch, rank, batch) so a resumed run masks exactly as an
-uninterrupted one.
+longest sample (rounded up to a multiple of 8). Unmasked (dynamic) shards are masked here, the
+whole batch in one numpy pass (`masking.select_rows`), with a generator seeded by (seed, epoch,
+rank, batch) so a resumed run masks exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
-from commodity_bert.data.masking import mask_sequence
+from commodity_bert.data.masking import mask_selected, select_rows
 from commodity_bert.data.vocab import Vocab
 
 PAD_MULTIPLE = 8
@@ -306,18 +306,12 @@ class BatchMaker:
             labels = originals[rows, cols]
         else:
             rng = np.random.default_rng([self.seed, *key])
-            flat_parts, label_parts = [], []
-            for row in range(len(indices)):
-                n = lengths[row]
-                masked, pos, orig = mask_sequence(
-                    input_ids[row, :n], rng=rng, mask_prob=self.mask_prob,
-                    max_predictions=self.max_predictions, mask_id=self.mask_id,
-                    is_special=self.is_special, replacement_ids=self.replacement_ids,
-                    continuation=self.continuation)
-                input_ids[row, :n] = masked
-                flat_parts.append(row * width + pos)
-                label_parts.append(orig)
-            flat, labels = np.concatenate(flat_parts), np.concatenate(label_parts)
+            selected = select_rows(input_ids, lengths, rng=rng, mask_prob=self.mask_prob,
+                                   max_predictions=self.max_predictions, is_special=self.is_special,
+                                   continuation=self.continuation)
+            input_ids, rows, cols = mask_selected(input_ids, selected, rng=rng, mask_id=self.mask_id,
+                                                  replacement_ids=self.replacement_ids)
+            flat, labels = rows * width + cols, self.arrays["input_ids"][indices[rows], cols]
         return {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention),
