@@ -27,6 +27,7 @@ from typing import NamedTuple
 import deepspeed
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters as dynamo_counters
 
 from commodity_bert.comm import mode as comm_mode
 from commodity_bert.comm.bytes_counter import BytesCounter
@@ -523,6 +524,8 @@ def main(argv: list[str] | None = None) -> None:
                 row = book.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                current_loss_scale(engine.optimizer))
                 row.update(mode.metric_fields())
+                if args.compile:  # grows with every recompile: a step whose shapes the graphs did not cover
+                    row["compiled_graphs"] = dynamo_counters["stats"]["unique_graphs"]
                 if decision.evaluate:
                     last_eval = validate(step)
                     row.update(last_eval)

@@ -125,11 +125,70 @@ def _onebit_row_mask_under_bf16(rank, world, results):
                            float((table[0] - start[0]).abs().max()))
 
 
+class _CountOps:
+    """Counts the aten operations run inside it: the kernels a step launches on a device."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.ops += 1
+                return func(*args, **(kwargs or {}))
+        self.ops, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def _one_pass_against_deepspeeds_step(results):
+    """DeepSpeed's FP16_UnfusedOptimizer step and the one-pass step of the same wrapper
+    (optim/precision.py), side by side from the same bf16 weights and gradients."""
+    from commodity_bert.optim.lamb import Lamb
+    from commodity_bert.optim.precision import one_pass_master_step
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(*[nn.Linear(16, 16) for _ in range(12)]).to(torch.bfloat16)
+
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    for name, make in (("lamb", lambda ps: Lamb(ps, lr=0.01, weight_decay=0.01)),
+                       ("adamw", lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.01))):
+        for clip in (0.0, 0.05):
+            runs = []
+            for one_pass in (False, True):
+                net = model()
+                optimizer = _fp16_wrapper(make(list(net.parameters())), dtype=torch.bfloat16, clip_grad=clip)
+                if one_pass:
+                    assert one_pass_master_step(SimpleNamespace(optimizer=optimizer))
+                ops, norms = [], []
+                for step in range(4):
+                    net(x).float().pow(2).mean().backward()
+                    if step == 3:  # an inf gradient: the step is skipped, nothing moves
+                        net[0].weight.grad[0, 0] = math.inf
+                    before = [p.detach().clone() for p in net.parameters()]
+                    with _CountOps() as counted:
+                        overflow = optimizer.step()
+                    ops.append(counted.ops)
+                    norms.append(optimizer._global_grad_norm)
+                    optimizer.zero_grad()
+                unmoved = all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+                masters = [p.detach().clone() for g in optimizer.fp32_groups for p in g]
+                runs.append({"params": [p.detach().clone() for p in net.parameters()], "masters": masters,
+                             "ops": ops[1], "norms": norms, "skipped": (bool(overflow), unmoved)})
+            results[f"one_pass_{name}_clip{clip}"] = runs
+
+
 def _worker(rank, world, port, shared):
     _join(rank, world, port)
     results = {}
     if rank == 0:
         _loss_scale_and_overflow(results)
+        _one_pass_against_deepspeeds_step(results)
     _bucketwise_under_loss_scale(rank, world, results)
     _onebit_row_mask_under_bf16(rank, world, results)
     shared[rank] = results
@@ -173,6 +232,24 @@ def test_onebit_lamb_row_mask_applies_under_bf16_and_priming_does_not_count(resu
         assert frozen and steps == FREEZE + 3
         assert unseen_row_moved == 0.0
         assert seen_row_moved > 0.0
+
+
+@pytest.mark.parametrize("case", ["lamb_clip0.0", "lamb_clip0.05", "adamw_clip0.0", "adamw_clip0.05"])
+def test_the_one_pass_master_step_updates_as_deepspeeds_wrapper_does(results, case):
+    """bf16 at ZeRO 0 (LAMB, AdamW): the same weights after three steps, bit for bit without
+    clipping and within the norm's rounding with it; an inf gradient skipped by both; and a
+    fraction of the operations (kernels on a device: DeepSpeed's runs several per tensor)."""
+    deepspeeds, one_pass = results[0][f"one_pass_{case}"]
+    exact = case.endswith("clip0.0")
+    for a, b in zip(deepspeeds["params"] + deepspeeds["masters"], one_pass["params"] + one_pass["masters"]):
+        assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert deepspeeds["norms"][:3] == pytest.approx(one_pass["norms"][:3], rel=1e-5)
+    if not exact:
+        assert deepspeeds["norms"][0] > 0.05  # so the clipped cases clipped
+    assert deepspeeds["norms"][3] == one_pass["norms"][3] == math.inf
+    assert deepspeeds["skipped"] == one_pass["skipped"] == (True, True)
+    print(f"{case}: {deepspeeds['ops']} operations a step in DeepSpeed's wrapper, {one_pass['ops']} in one pass")
+    assert one_pass["ops"] * 3 < deepspeeds["ops"], (one_pass["ops"], deepspeeds["ops"])
 
 
 def test_a_bf16_config_on_a_cpu_without_native_bf16_is_named_with_its_fp32_twin():

@@ -15,7 +15,7 @@ class Lamb(torch.optim.Optimizer):
 
     Written here because DeepSpeed's LAMB is FusedLamb, a CUDA kernel of another formulation:
     this one runs wherever torch runs (CPU, any GPU) with `torch._foreach_*` ops, one launch per
-    op for all tensors of a group.
+    op for all tensors of a group, and the trust ratios as one vector.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
@@ -58,12 +58,9 @@ class Lamb(torch.optim.Optimizer):
             torch._foreach_div_(update, correction1)
             if group["weight_decay"]:
                 torch._foreach_add_(update, params, alpha=group["weight_decay"])
-            weight_norms = torch._foreach_norm(params)
-            update_norms = torch._foreach_norm(update)
-            ratios = []
-            for w, u in zip(weight_norms, update_norms):
-                ratio = (w / u).clamp(group["min_coeff"], group["max_coeff"])
-                ratios.append(torch.where((w > 0) & (u > 0), ratio, torch.ones_like(ratio)))
-            torch._foreach_mul_(update, ratios)
+            # every tensor's trust ratio in one vector: a handful of kernels, not a few per tensor
+            w, u = torch.stack(torch._foreach_norm(params)), torch.stack(torch._foreach_norm(update))
+            ratios = torch.where((w > 0) & (u > 0), (w / u).clamp(group["min_coeff"], group["max_coeff"]), 1.0)
+            torch._foreach_mul_(update, ratios.unbind())
             torch._foreach_add_(params, update, alpha=-group["lr"])
         return loss

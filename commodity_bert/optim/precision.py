@@ -139,3 +139,65 @@ def cpu_bf16_warning(config_path: str, config: dict, cpuinfo: str | None = None)
     instead = f"use {fp32}" if "bf16" in path.name and fp32.is_file() else 'set "bf16": {"enabled": false}'
     return (f"warning: {path.name} trains in bf16, but this CPU has no native bf16 (no AVX-512 BF16 or AMX "
             f"in /proc/cpuinfo): torch emulates it, several times slower than fp32; {instead}")
+
+
+def one_pass_master_step(engine) -> bool:
+    """Give the engine's FP16_UnfusedOptimizer (DeepSpeed's wrapper of a client optimizer under
+    fp16 and bf16 at ZeRO stage 0: LAMB, 1-bit LAMB, 0/1 Adam, a CPU's AdamW) `ForeachMasterStep`'s
+    step. Returns whether it did. DeepSpeed picks the wrapper inside `deepspeed.initialize` and
+    takes no other, so the instance's class is changed to the subclass: the same object, state,
+    checkpoints and loss scale, another step()."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    optimizer = engine.optimizer
+    if type(optimizer) is not FP16_UnfusedOptimizer or optimizer.fused_lamb_legacy:
+        return False
+    optimizer.__class__ = _foreach_master_step_class()
+    return True
+
+
+@functools.cache
+def _foreach_master_step_class():
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    class ForeachMasterStep(FP16_UnfusedOptimizer):
+        """FP16_UnfusedOptimizer.step() with the work on all tensors at once. DeepSpeed's checks
+        each gradient for inf/NaN with a host sync per tensor, sums the gradient norm tensor by
+        tensor, and casts, unscales and copies back one tensor at a time: a few hundred small
+        kernels and ~70 device syncs a step for `mini`, which on a GPU cost more than its matmuls
+        at small batches. Here: one `_foreach_norm` (in fp32, as DeepSpeed's `.float().norm()`)
+        whose total, synced once, is both the overflow check (a non-finite gradient makes it
+        non-finite) and the clipping norm; `_foreach_copy_` casts the gradients into the fp32
+        masters' and the masters back into the model; one `_foreach_mul_` unscales and clips
+        where the factor is not 1. The same updates (tests/test_precision.py): bit for bit
+        without clipping, within float rounding of the norm's summation order with it."""
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            low = [p for group in self.fp16_groups for p in group]
+            masters = [p for group in self.fp32_groups for p in group]
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in low]
+            squares = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum()
+            if self.mpu is not None:  # DeepSpeed's get_weight_norm sums over the model-parallel group
+                import torch.distributed as dist
+                dist.all_reduce(squares, group=self.mpu.get_model_parallel_group())
+            norm = float(squares) ** 0.5  # the one sync
+            if norm != norm or norm in (float("inf"), float("-inf")):
+                return self._skip_invalid_grad_norm()
+            self.overflow = False
+            self._global_grad_norm = norm
+            master_grads = [torch.empty_like(p) for p in masters]
+            torch._foreach_copy_(master_grads, grads)
+            for master, grad in zip(masters, master_grads):
+                master.grad = grad
+            self._update_scale(False)
+            combined_scale = self.unscale_and_clip_grads(norm, apply_scale=False)
+            if combined_scale != 1.0:
+                torch._foreach_mul_(master_grads, 1.0 / combined_scale)
+            self.optimizer.step()
+            for master in masters:
+                master.grad = None
+            torch._foreach_copy_(low, masters)
+            return self.overflow
+
+    return ForeachMasterStep

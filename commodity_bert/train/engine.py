@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from commodity_bert.comm import mode as comm_mode
 from commodity_bert.optim.build import build_optimizer
+from commodity_bert.optim.precision import one_pass_master_step
 from commodity_bert.train.metrics import without_our_monitors
 
 
@@ -56,4 +57,5 @@ def build_engine(ds_config: dict, model, mpu: AloneGroup | None = None) -> Engin
     ds_config = mode.deepspeed_config(ds_config)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                                    config=without_our_monitors(ds_config), mpu=mpu)
+    one_pass_master_step(engine)  # fp16/bf16 at ZeRO 0: the wrapper's step on all tensors at once
     return Engine(engine, optimizer, scheduler, mode, ds_config)
