@@ -12,6 +12,12 @@ by side in one process, on real text.
 - project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
   its compilation happens in the warm-up round and is not timed. It tells whether train.py's
   opt-in `--compile` pays on a device (on the CPU: not in fp32, ~10% in bf16; RESULTS.md).
+- engine_lamb (only when asked for): the project's model as train.py trains it, in DeepSpeed's
+  engine (`train.engine.build_engine`, world size 1): weights in the precision itself (bf16
+  weights as DeepSpeed's bf16 mode keeps them: no autocast casts each forward), the fp32 master
+  copies in DeepSpeed's wrapper with the project's one-pass step (optim/precision.py), the
+  project's LAMB, gradient clipping at 1.0. `engine_lamb_deepspeed_step` is the same with
+  DeepSpeed's own wrapper step (tensor by tensor), to show what the one-pass step changes.
 - project_checkpointed (only when asked for): the project's path with activation checkpointing
   (`"commodity_bert": {"activation_checkpointing": {"enabled": true}}` in train.py); on CUDA the
   `step_memory_gb` column shows the memory it saves.
@@ -48,7 +54,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
 
-from bench_common import make_shards
+from bench_common import free_port, make_shards
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
@@ -138,6 +144,34 @@ def padded_sparse_batch(batch: dict, seq_len: int, nsp: bool) -> dict:
     positions = (labels != -100).nonzero().squeeze(1)  # made before timing, as the shards store them
     return {**padded, "masked_positions": positions, "masked_labels": labels[positions]}
 
+ENGINE_PATHS = ("engine_lamb", "engine_lamb_deepspeed_step")
+
+
+def engine_for(name: str, model: torch.nn.Module, device: torch.device, precision: str, micro_batch: int):
+    """train.py's engine around `model` at world size 1 (the process group made here if none is)."""
+    import os
+
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    from commodity_bert.train.engine import build_engine
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                          LOCAL_RANK="0")
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                   auto_mpi_discovery=False, verbose=False)
+    config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+              "steps_per_print": 10**9, "gradient_clipping": 1.0,
+              "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+              "bf16": {"enabled": precision == "bf16"},
+              "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16}}
+    engine = build_engine(config, model).engine
+    if name == "engine_lamb_deepspeed_step" and isinstance(engine.optimizer, FP16_UnfusedOptimizer):
+        engine.optimizer.__class__ = FP16_UnfusedOptimizer  # back to DeepSpeed's own step()
+    return engine
+
+
 class TrainingPath:
     """One way of training: a model, its batches on the device, and its step function."""
 
@@ -146,8 +180,10 @@ class TrainingPath:
         self.name, self.model, self.device, self.precision = name, model.to(device), device, precision
         self.batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
         self.executed_flops = executed_flops  # per pass over the batches
+        self.engine = engine_for(name, model, device, precision, len(batches[0]["input_ids"])) \
+            if name in ENGINE_PATHS else None
         fused = device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+        self.optimizer = None if self.engine else torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.step_memory_gb: float | None = None  # CUDA only
 
@@ -169,6 +205,11 @@ class TrainingPath:
             torch.cuda.reset_peak_memory_stats(self.device)
         started = time.perf_counter()
         for batch in self.batches:
+            if self.engine is not None:
+                loss, _ = self.engine(batch)
+                self.engine.backward(loss)
+                self.engine.step()
+                continue
             with torch.autocast(self.device.type, dtype=DTYPES[self.precision], enabled=self.precision != "fp32"):
                 loss = self.loss(batch)
             self.scaler.scale(loss).backward()
@@ -183,7 +224,7 @@ class TrainingPath:
         return seconds
 
     def release(self) -> None:
-        self.model = self.optimizer = self.batches = None
+        self.model = self.optimizer = self.batches = self.engine = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -213,6 +254,8 @@ def measure(device: torch.device, model_name: str, data: Path, precision: str, m
                     "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
     }
     plan["project_compiled"] = plan["project"]
+    for name in ENGINE_PATHS:
+        plan[name] = plan["project"]
     # activation checkpointing runs each layer's forward twice: 4/3 of the FLOPs, minus the head's
     plan["project_checkpointed"] = {**plan["project"], "executed": plan["project"]["executed"] +
                                     training_flops(config, real_tokens, pairs_trimmed, 0) / 3}
@@ -237,6 +280,8 @@ def measure(device: torch.device, model_name: str, data: Path, precision: str, m
             model = PretrainingModel(hf)
             if name == "project_compiled":
                 model = torch.compile(model, dynamic=True)  # batch widths and token counts vary
+            if name in ENGINE_PATHS and precision != "fp32":
+                model = model.to(DTYPES[precision])  # what DeepSpeed's bf16/fp16 modes train
             paths.append(TrainingPath(name, model, batches, device, precision, plan[name]["executed"]))
     if peak is None:
         peak = matmul_peak_tflops(device, DTYPES[precision], 8192 if device.type == "cuda" else 2048)
@@ -282,7 +327,8 @@ def main() -> None:
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
     parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
     parser.add_argument("--paths", nargs="+",
-                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled", "project_checkpointed"],
+                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled", "project_checkpointed",
+                                 *ENGINE_PATHS],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")
     parser.add_argument("--json", help="write the rows here")
@@ -304,10 +350,11 @@ def main() -> None:
     print(f"{args.model}, seq {args.seq_len}, {precision}, micro-batch {args.micro_batch}, {device_name}; "
           f"{args.data or args.input}: {real_share:.1%} of padded positions are real tokens; "
           f"matmul peak {peak:.2f} TFLOP/s")
-    print(f"{'path':<16} {'seq/s':>8} {'real tok/s':>11} {'computed/real':>13} {'attn pairs/real':>15} "
+    width = max(16, *(len(r['path']) for r in rows))
+    print(f"{'path':<{width}} {'seq/s':>8} {'real tok/s':>11} {'computed/real':>13} {'attn pairs/real':>15} "
           f"{'TFLOP/s':>8} {'executed':>8} {'MFU':>6} {'step s':>7}")
     for r in rows:
-        print(f"{r['path']:<16} {r['seq_per_s']:>8.1f} {r['tokens_per_s']:>11,.0f} {r['computed_over_real']:>13.3f} "
+        print(f"{r['path']:<{width}} {r['seq_per_s']:>8.1f} {r['tokens_per_s']:>11,.0f} {r['computed_over_real']:>13.3f} "
               f"{r['attention_pairs_over_real']:>15.3f} {r['tflops']:>8.3f} {r['executed_tflops']:>8.3f} "
               f"{r['mfu']:>6.1%} {r['step_s_median']:>7.3f}")
     by_name = {r["path"]: r for r in rows}
