@@ -75,12 +75,16 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, devi
 
     speed = {(r["model"], r["path"], r["micro_batch"]) for r in parts["speed"]["rows"]}
     assert {("tiny", "padded_baseline", 8), ("tiny", "project", 8), ("tiny", "project_checkpointed", 8)} <= speed
+    # the small model at the large batch, as train.py's engine runs it, with each master step
+    assert {("tiny", path, 16) for path in ("project", "engine_lamb", "engine_lamb_deepspeed_step")} <= speed
     assert parts["speed"]["largest_micro_batch"]["fits"] == 32  # the rehearsal's search stops there
     assert parts["fused_lamb"]["skipped"] == "FusedLamb is CUDA-only"
 
     # the model's pieces, as the device tool returns them, make a model bert-finetune loads
     model = parts["model"]
     assert model["steps"] >= 10 and model["val_mlm_acc"] is not None
+    assert model["config"]["optimizer"]["type"] == "Lamb"  # the large-batch recipe, at the rehearsal's batch
+    assert model["processed_tokens"] == model["samples"] * 128 and 0 < model["share_of_goal_tokens"] < 1
     pieces = sorted(out.glob("pretrained_tiny.tar.gz.part*"))
     assert [p.name for p in pieces] == model["pieces"] and all(p.stat().st_size <= 16 * 2**20 for p in pieces)
     packed = tmp_path / "model.tar.gz"

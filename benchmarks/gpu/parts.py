@@ -46,10 +46,14 @@ LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss
 SIZES = {  # the rehearsal runs every path of the plan, small
     "gpu": {"steps": 30, "resume_steps": 10, "correctness_micro_batch": None, "speed_models": ["base", "large"], "speed_micro_batch": 64,
             "speed_steps": 8, "speed_repeats": 3, "max_micro_batch": 4096, "mfu_micro_batch": 256,
-            "pretrain_model": "mini", "pretrain_micro_batch": 256, "pretrain_minutes": 1.25, "probe_steps": 20},
+            "small_model": "mini", "small_micro_batch": 4096, "small_steps": 2,
+            "pretrain_model": "mini", "pretrain_micro_batch": 4096, "pretrain_minutes": 1.25, "probe_steps": 10,
+            "pretrain_workers": 4},
     "rehearse": {"steps": 3, "resume_steps": 1, "correctness_micro_batch": 8, "speed_models": ["tiny"], "speed_micro_batch": 8,
                  "speed_steps": 2, "speed_repeats": 1, "max_micro_batch": 32, "mfu_micro_batch": 16,
-                 "pretrain_model": "tiny", "pretrain_micro_batch": 16, "pretrain_minutes": 0.05, "probe_steps": 3},
+                 "small_model": "tiny", "small_micro_batch": 16, "small_steps": 2,
+                 "pretrain_model": "tiny", "pretrain_micro_batch": 16, "pretrain_minutes": 0.05, "probe_steps": 3,
+                 "pretrain_workers": 1},
 }
 
 
@@ -250,6 +254,10 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
             rows.append({**row, **labels})
         recorder.save()
 
+    # first, a small model at a large batch as train.py runs it (bf16 weights in DeepSpeed's engine,
+    # the one-pass master step, and DeepSpeed's own step beside it) against the autocast path
+    add(measure(device, sizes["small_model"], data, precision, sizes["small_micro_batch"], sizes["small_steps"], 1,
+                ["project", "engine_lamb", "engine_lamb_deepspeed_step"], peak), note="small model, large batch")
     for model in sizes["speed_models"]:  # padded against the project, then checkpointing's cost
         paths = ["padded_baseline", "project"] + (["project_checkpointed"] if model == sizes["speed_models"][-1] else [])
         add(measure(device, model, data, precision, sizes["speed_micro_batch"], sizes["speed_steps"],
@@ -348,17 +356,22 @@ def profile_steps(device, model_name: str, data: Path, precision: str, micro_bat
             "measures": "CUDA kernels' time" if on_device else "CPU operators' own time"}
 
 
+GOAL_TOKENS = 1.5e9  # processed tokens (sequences x seq_len) where published small BERTs gain clearly
+
+
 def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
-    """`mini` (AdamW 1e-3, beta2 0.98, as cpu_mini_adamw_bf16.json, at 256 sequences a step) for
-    a fixed number of minutes: a short probe measures the step, the schedule then spans the
-    minutes (warm-up 6%, linear decay to 0), --time-budget guards the end."""
+    """`mini` with the large-batch recipe (ds_configs/gpu_mini_lamb_4k_bf16.json: LAMB at 4,096
+    sequences a step, bf16) for a fixed number of minutes: a short probe measures the step, the
+    schedule then spans the minutes (the config's warm-up share, 1/40, then linear decay to 0),
+    --time-budget guards the end. The loader masks in worker processes beside the step. The
+    record says how many tokens it processed against the 1.5 billion goal."""
     work, data = Path(args.work), Path(args.data)
     batch, model = sizes["pretrain_micro_batch"], sizes["pretrain_model"]
-    # torch_adam: torch's AdamW, not DeepSpeed's FusedAdam, whose JIT build would take the minutes
-    base = with_changes(json.loads((REPO / "ds_configs" / "cpu_mini_adamw_bf16.json").read_text()),
-                        {"train_micro_batch_size_per_gpu": batch, "optimizer": {"params": {"torch_adam": True}}})
+    base = with_changes(json.loads((REPO / "ds_configs" / "gpu_mini_lamb_4k_bf16.json").read_text()),
+                        {"train_micro_batch_size_per_gpu": batch})
+    workers = ("--num-workers", str(sizes["pretrain_workers"]))
     probing = time.perf_counter()
-    probe = train_once(base, work, "probe", data, model, sizes["probe_steps"])
+    probe = train_once(base, work, "probe", data, model, sizes["probe_steps"], *workers)
     probe_s = time.perf_counter() - probing  # a run's start, mostly: what --time-budget counts too
     speeds = [r["seq_per_s"] for r in trained_rows(probe)[1:] if r.get("seq_per_s")]
     seq_per_s = statistics.median(speeds) if speeds else batch
@@ -370,18 +383,21 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
     # those steps at the probe's speed twice over, for the evaluations the probe leaves out
     planned_s = steps * batch / seq_per_s
     budget_s = (seconds if planned_s <= seconds else probe_s + 2 * planned_s) * 1.1 + 20
-    warmup = max(1, steps * 6 // 100)
+    warmup = max(1, steps // 40)
     config = with_changes(base, {"scheduler": {"params": {"warmup_num_steps": warmup, "total_num_steps": steps}}})
     recorder.data.update({"model": model, "micro_batch": batch, "probe_seq_per_s": seq_per_s, "planned_steps": steps,
                           "minutes": minutes, "data": str(data), "config": config})
     recorder.save()
     started = time.perf_counter()
     rows = train_once(config, work, "pretrained", data, model, steps, "--eval-every", str(max(1, steps // 5)),
-                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(budget_s))
+                      "--log-every", str(max(1, steps // 50)), "--time-budget", str(budget_s), *workers)
     run_dir = work / "pretrained"
     summary = json.loads((run_dir / "summary.json").read_text())
+    seq_len = json.loads((data / "manifest.json").read_text())["seq_len"]
     recorder.data.update({"seconds": round(time.perf_counter() - started, 1), "steps": summary["step"],
                           "samples": summary["samples"], "stopped_by": summary["stopped_by"],
+                          "processed_tokens": summary["samples"] * seq_len,
+                          "share_of_goal_tokens": summary["samples"] * seq_len / GOAL_TOKENS,
                           "val_mlm_acc": summary.get("val_mlm_acc"), "devices": summary.get("devices"),
                           "curve": [{k: r.get(k) for k in ("step", "loss", "val_mlm_acc", "seq_per_s")}
                                     for r in rows]})
