@@ -40,8 +40,7 @@ def select_rows(tokens: np.ndarray, lengths: np.ndarray, *, rng: np.random.Gener
     starts = candidates & (~continuation[tokens] | after_gap)
     word = np.cumsum(starts, axis=1) - 1  # word number of each candidate within its row
     rows = np.nonzero(candidates)[0]
-    word_len = np.zeros((n, width), dtype=np.int64)
-    np.add.at(word_len, (rows, word[candidates]), 1)
+    word_len = np.bincount(rows * width + word[candidates], minlength=n * width).reshape(n, width)
     keys = rng.random((n, width))
     keys[word_len == 0] = 2.0  # word numbers past a row's words come last
     order = np.argsort(keys, axis=1)
@@ -53,6 +52,8 @@ def select_rows(tokens: np.ndarray, lengths: np.ndarray, *, rng: np.random.Gener
         fits = (size > 0) & (have + size <= num_to_predict)
         taken[:, rank] = fits
         have += np.where(fits, size, 0)
+        if rank % 8 == 7 and np.array_equal(have, num_to_predict):  # every row's budget spent
+            break
     word_taken = np.zeros((n, width), dtype=bool)
     np.put_along_axis(word_taken, order, taken, axis=1)
     selected = np.zeros((n, width), dtype=bool)
