@@ -39,6 +39,7 @@ from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatc
 from commodity_bert.model.bert import (
     ModelConfigError,
     PretrainingModel,
+    attention_layout,
     build_config,
     build_model,
     executed_training_flops,
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
     ds_config, node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir, inputs.ds_config)
 
     hf_model, model_config, init_checkpoint = pretraining_model(args, inputs, resuming=resume_tag is not None)
-    model = PretrainingModel(hf_model)
+    model = PretrainingModel(hf_model, attention=attention_layout(inputs.ds_config))
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)

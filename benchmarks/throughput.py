@@ -12,6 +12,10 @@ by side in one process, on real text.
 - project_compiled (only when asked for): the project's path under `torch.compile(dynamic=True)`;
   its compilation happens in the warm-up round and is not timed. It tells whether train.py's
   opt-in `--compile` pays on a device (on the CPU: not in fp32, ~10% in bf16; RESULTS.md).
+- project_jagged (only when asked for): the project's path with attention on nested jagged
+  tensors of the real tokens (`"commodity_bert": {"attention": {"layout": "jagged"}}` in
+  train.py): no scatter into the padded layout and gather back; on a GPU SDPA's variable-length
+  FlashAttention kernel.
 - engine_lamb (only when asked for): the project's model as train.py trains it, in DeepSpeed's
   engine (`train.engine.build_engine`, world size 1): weights in the precision itself (bf16
   weights as DeepSpeed's bf16 mode keeps them: no autocast casts each forward), the fp32 master
@@ -254,6 +258,8 @@ def measure(device: torch.device, model_name: str, data: Path, precision: str, m
                     "executed": training_flops(config, real_tokens, pairs_trimmed, masked)},
     }
     plan["project_compiled"] = plan["project"]
+    plan["project_jagged"] = {**plan["project"], "pairs": pairs_within,
+                              "executed": training_flops(config, real_tokens, pairs_within, masked)}
     for name in ENGINE_PATHS:
         plan[name] = plan["project"]
     # activation checkpointing runs each layer's forward twice: 4/3 of the FLOPs, minus the head's
@@ -277,7 +283,7 @@ def measure(device: torch.device, model_name: str, data: Path, precision: str, m
             hf = copy.deepcopy(base_model)
             if name == "project_checkpointed":
                 use_activation_checkpointing(hf)
-            model = PretrainingModel(hf)
+            model = PretrainingModel(hf, attention="jagged" if name == "project_jagged" else "padded")
             if name == "project_compiled":
                 model = torch.compile(model, dynamic=True)  # batch widths and token counts vary
             if name in ENGINE_PATHS and precision != "fp32":
@@ -327,7 +333,7 @@ def main() -> None:
     parser.add_argument("--input", default="embedded:sotu", help="real text, as bert-data-prep shards --input")
     parser.add_argument("--data", help="existing shards to use instead (their sequence length wins)")
     parser.add_argument("--paths", nargs="+",
-                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled", "project_checkpointed",
+                        choices=["padded_baseline", "padded_sparse_head", "project", "project_compiled", "project_checkpointed", "project_jagged",
                                  *ENGINE_PATHS],
                         default=["padded_baseline", "project"])
     parser.add_argument("--work", help="directory for the prepared shards (default: a temporary one)")

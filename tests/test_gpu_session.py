@@ -76,7 +76,8 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, devi
     speed = {(r["model"], r["path"], r["micro_batch"]) for r in parts["speed"]["rows"]}
     assert {("tiny", "padded_baseline", 8), ("tiny", "project", 8), ("tiny", "project_checkpointed", 8)} <= speed
     # the small model at the large batch, as train.py's engine runs it, with each master step
-    assert {("tiny", path, 16) for path in ("project", "engine_lamb", "engine_lamb_deepspeed_step")} <= speed
+    assert {("tiny", path, 16) for path in ("project", "engine_lamb", "engine_lamb_deepspeed_step",
+                                            "project_jagged")} <= speed
     assert parts["speed"]["largest_micro_batch"]["fits"] == 32  # the rehearsal's search stops there
     assert parts["fused_lamb"]["skipped"] == "FusedLamb is CUDA-only"
 

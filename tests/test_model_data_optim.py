@@ -58,8 +58,17 @@ def test_unpadded_sparse_mlm_loss_equals_hf_padded_dense_loss(datasets, kind):
         torch.set_default_dtype(torch.float64)
         try:
             sparse_loss, stats = PretrainingModel(model)(batch)
+            sparse_loss.backward()
+            padded_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            model.zero_grad()
+            jagged_loss, _ = PretrainingModel(model, attention="jagged")(batch)  # SDPA on nested tensors
+            jagged_loss.backward()
+            jagged_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         finally:
             torch.set_default_dtype(torch.float32)
+    assert torch.allclose(jagged_loss, sparse_loss, rtol=1e-10, atol=0)
+    assert len(jagged_grads) == len(padded_grads) > 10
+    assert all(torch.allclose(j, p, rtol=1e-8, atol=1e-12) for j, p in zip(jagged_grads, padded_grads))
     labels = torch.full_like(batch["input_ids"], -100).view(-1)
     labels[batch["masked_index"]] = batch["masked_labels"]
     kwargs = {"next_sentence_label": batch["next_sentence_labels"]} if manifest["nsp"] else {}
@@ -357,6 +366,9 @@ def test_lamb_implementation_is_checked_against_the_device():
         check_project_block(asking("fused"))
     with pytest.raises(LaunchError, match="must be true or false"):
         check_project_block({"commodity_bert": {"activation_checkpointing": {"enabled": "yes"}}})
+    with pytest.raises(LaunchError, match=r"attention.layout\" 'flash': give one of 'padded', 'jagged'"):
+        check_project_block({"commodity_bert": {"attention": {"layout": "flash"}}})
+    check_project_block({"commodity_bert": {"attention": {"layout": "jagged"}}})
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.json")),

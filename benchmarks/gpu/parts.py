@@ -264,7 +264,7 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
                     sizes["speed_repeats"], paths, peak))
     largest = sizes["speed_models"][-1]
     add(measure(device, largest, data, precision, sizes["mfu_micro_batch"], sizes["speed_steps"],
-                sizes["speed_repeats"], ["padded_baseline", "project"], peak), note="larger micro-batch")
+                sizes["speed_repeats"], ["padded_baseline", "project", "project_jagged"], peak), note="larger micro-batch")
     # the largest micro-batch that fits, by doubling until the device runs out of memory
     fits, micro_batch = None, sizes["mfu_micro_batch"] * 2
     while micro_batch <= sizes["max_micro_batch"]:

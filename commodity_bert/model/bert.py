@@ -3,8 +3,10 @@
 No work on padding: the batch's real tokens are concatenated into one row, so embeddings,
 projections, feed-forward layers and LayerNorms see only real tokens (MLPerf BERT's "unpadding").
 Attention alone is computed in the padded [batch, width] layout, with SDPA and a key mask,
-because SDPA needs rectangular sequences; it is the same HF module, chosen through HF's own
-attention registry, so the weights, `save_pretrained` and `from_pretrained` are plain HF BERT.
+or (`"commodity_bert": {"attention": {"layout": "jagged"}}`) on nested jagged tensors of the
+real tokens, which SDPA runs without padding (FlashAttention's variable-length kernel on a GPU;
+on a CPU its math path, slower than the padded one); it is the same HF module, chosen through
+HF's own attention registry, so the weights, `save_pretrained` and `from_pretrained` are plain HF BERT.
 The MLM head (a hidden×hidden transform, then a hidden×vocab projection) is applied only to the
 masked positions, ~15% of the tokens, instead of to every position as HF's dense loss does;
 the loss is the same as HF's padded, dense one (tests/test_model_data_optim.py checks it).
@@ -29,6 +31,8 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from commodity_bert.project_block import section
+
 PRESETS = {
     "tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
     "mini": {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
@@ -41,30 +45,55 @@ class ModelConfigError(Exception):
     pass
 
 
+ATTENTION_LAYOUTS = ("padded", "jagged")
+
+
+def attention_layout(ds_config: dict) -> str:
+    """The config's `"commodity_bert": {"attention": {"layout": ...}}`, "padded" by default."""
+    return section(ds_config, "attention").get("layout", "padded")
+
+
 @dataclass
 class PaddedLayout:
-    """Where the concatenated real tokens sit in the padded [batch, width] layout."""
+    """Where the concatenated real tokens sit in the padded [batch, width] layout, and how
+    attention sees them: "padded" scatters them into [batch, width] for SDPA with a key mask and
+    gathers them back; "jagged" hands SDPA nested jagged tensors of the real tokens alone (each
+    sequence's tokens between two offsets), which on a GPU reach FlashAttention's variable-length
+    kernel without the scatter, the gather or the padded positions' work."""
     index: torch.Tensor      # [real tokens]: flat position in batch × width
     key_mask: torch.Tensor   # [batch, 1, 1, width], True on real tokens
     batch: int
     width: int
+    offsets: torch.Tensor | None = None  # [batch + 1]: where each sequence starts among the real tokens (jagged)
 
     @classmethod
-    def of(cls, attention_mask: torch.Tensor) -> PaddedLayout:
+    def of(cls, attention_mask: torch.Tensor, attention: str = "padded") -> PaddedLayout:
         batch, width = attention_mask.shape
         index = attention_mask.reshape(-1).nonzero().squeeze(1)
-        return cls(index, attention_mask.bool()[:, None, None, :], batch, width)
+        offsets = None
+        if attention == "jagged":
+            offsets = F.pad(attention_mask.sum(1).cumsum(0), (1, 0))
+        return cls(index, attention_mask.bool()[:, None, None, :], batch, width, offsets)
 
 
 def unpadded_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                             padded_layout: PaddedLayout | None = None, **kwargs):
     """HF attention function: q/k/v arrive as [1, heads, real tokens, head_dim]; scattered into
-    the padded layout for SDPA, gathered back. Without a layout (a padded HF call) it is HF's SDPA."""
+    the padded layout for SDPA and gathered back, or given to SDPA as nested jagged tensors (the
+    layout says which). Without a layout (a padded HF call) it is HF's SDPA."""
     if padded_layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     layout = padded_layout
     heads, head_dim = query.shape[1], query.shape[3]
+    if layout.offsets is not None:
+        def jagged(x: torch.Tensor) -> torch.Tensor:  # [batch, heads, ragged length, head_dim]
+            rows = x[0].transpose(0, 1)  # [tokens, heads, head_dim]
+            return torch.nested.nested_tensor_from_jagged(rows, layout.offsets).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=dropout,
+                                             scale=scaling)
+        return out.transpose(1, 2).values().unsqueeze(0), None
 
     def to_padded(x: torch.Tensor) -> torch.Tensor:
         rows = x[0].transpose(0, 1)  # [tokens, heads, head_dim]
@@ -142,8 +171,11 @@ def load_pretrained(source: str | os.PathLike, nsp: bool) -> nn.Module:
 class PretrainingModel(nn.Module):
     """Wraps the HF model so that DeepSpeed's engine(batch) returns the loss and counts."""
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: nn.Module, attention: str = "padded"):
         super().__init__()
+        if attention not in ATTENTION_LAYOUTS:
+            raise ModelConfigError(f"attention {attention!r}: give one of {', '.join(ATTENTION_LAYOUTS)}")
+        self.attention = attention
         # forward hands attention the unpadded layout; any other attention function would
         # attend across the concatenated sequences
         if hf_model.config._attn_implementation != UNPADDED_ATTENTION:
@@ -154,7 +186,7 @@ class PretrainingModel(nn.Module):
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:
         bert, heads = self.hf_model.bert, self.hf_model.cls
         attention_mask = batch["attention_mask"]
-        layout = PaddedLayout.of(attention_mask)
+        layout = PaddedLayout.of(attention_mask, self.attention)
         width = layout.width
         positions = torch.arange(width, device=attention_mask.device).repeat(layout.batch)
 

@@ -255,12 +255,12 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     allreduce runs on that group too."""
     from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce
     from commodity_bert.comm.grad_norm import gradient_norm
-    from commodity_bert.model.bert import PretrainingModel, build_model
+    from commodity_bert.model.bert import PretrainingModel, attention_layout, build_model
     from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
     from commodity_bert.train.engine import build_engine
 
     torch.manual_seed(0)
-    model = PretrainingModel(build_model(model_config, nsp=nsp))
+    model = PretrainingModel(build_model(model_config, nsp=nsp), attention=attention_layout(config))
     engine, optimizer, _, mode, _ = build_engine(config, model, mpu=alone)
     mode.attach(engine, optimizer, model)
     engine.enable_backward_allreduce = False  # called below, timed apart

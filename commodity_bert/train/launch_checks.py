@@ -26,6 +26,7 @@ PROJECT_SECTIONS = {
     "diloco": set(diloco.DEFAULTS),
     "hierarchy": set(topology.DEFAULTS),
     "activation_checkpointing": {"enabled"},
+    "attention": {"layout"},
     "lamb": {"implementation"},
     "pretraining": {"mask_prob", "dropout"},
 }
@@ -140,6 +141,12 @@ def check_project_block(config: dict) -> None:
     enabled = section(config, "activation_checkpointing").get("enabled", False)
     if not isinstance(enabled, bool):
         raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
+    if "layout" in section(config, "attention"):
+        from commodity_bert.model.bert import ATTENTION_LAYOUTS  # here: transformers only where it is asked
+        layout = section(config, "attention")["layout"]
+        if layout not in ATTENTION_LAYOUTS:
+            raise LaunchError(f'"commodity_bert.attention.layout" {layout!r}: give one of '
+                              f'{", ".join(map(repr, ATTENTION_LAYOUTS))} (default "padded")')
     for key, value in section(config, "pretraining").items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1 \
                 or (key == "mask_prob" and value == 0):
