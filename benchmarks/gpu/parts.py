@@ -45,7 +45,7 @@ LEARNED = 0.3  # fp32's late median loss at least this far below its step-1 loss
 
 SIZES = {  # the rehearsal runs every path of the plan, small
     "gpu": {"steps": 30, "resume_steps": 10, "correctness_micro_batch": None, "speed_models": ["base", "large"], "speed_micro_batch": 64,
-            "speed_steps": 8, "speed_repeats": 3, "max_micro_batch": 4096, "mfu_micro_batch": 256,
+            "speed_steps": 8, "speed_repeats": 2, "max_micro_batch": 4096, "mfu_micro_batch": 256,
             "small_model": "mini", "small_micro_batch": 4096, "small_steps": 2,
             "pretrain_model": "mini", "pretrain_micro_batch": 4096, "pretrain_minutes": 1.25, "probe_steps": 10,
             "pretrain_workers": 4},
@@ -264,7 +264,8 @@ def part_speed(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
                     sizes["speed_repeats"], paths, peak))
     largest = sizes["speed_models"][-1]
     add(measure(device, largest, data, precision, sizes["mfu_micro_batch"], sizes["speed_steps"],
-                sizes["speed_repeats"], ["padded_baseline", "project", "project_jagged"], peak), note="larger micro-batch")
+                sizes["speed_repeats"], ["padded_baseline", "project", "project_jagged", "engine_lamb"], peak),
+        note="larger micro-batch")
     # the largest micro-batch that fits, by doubling until the device runs out of memory
     fits, micro_batch = None, sizes["mfu_micro_batch"] * 2
     while micro_batch <= sizes["max_micro_batch"]:
