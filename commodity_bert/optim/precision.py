@@ -164,7 +164,7 @@ def _foreach_master_step_class():
         """FP16_UnfusedOptimizer.step() with the work on all tensors at once. DeepSpeed's checks
         each gradient for inf/NaN with a host sync per tensor, sums the gradient norm tensor by
         tensor, and casts, unscales and copies back one tensor at a time: for `mini` 1,908
-        operations and 79 host syncs a LAMB step, against 129 and 1 here
+        operations and 79 host syncs a LAMB step, against 140 and 1 here
         (benchmarks/master_step_ops.py); on a GPU each is a kernel launch or a stall. Here: one
         `_foreach_norm` (in fp32, as DeepSpeed's `.float().norm()`) whose total, synced once, is
         both the overflow check (a non-finite gradient makes it non-finite) and the clipping
@@ -172,16 +172,37 @@ def _foreach_master_step_class():
         into the model; one `_foreach_mul_` unscales and clips where the factor is not 1. The same updates (tests/test_precision.py): bit for bit
         without clipping, within float rounding of the norm's summation order with it."""
 
+        def agreed_overflow(self, local: torch.Tensor) -> torch.Tensor:
+            """DeepSpeed's CheckOverflow.has_overflow agreement on this rank's flag, with its
+            collectives: where each rank steps on its own gradient (1-bit LAMB after its freeze,
+            0/1 Adam: the engine's backward allreduce is off), the ranks must skip together,
+            before any exchange inside the step."""
+            from deepspeed import comm as dist
+            flag = local.to(torch.uint8).reshape(1)
+            checker, engine = self.overflow_checker, self.overflow_checker.deepspeed
+            own_gradients = engine is not None and engine.enable_backward_allreduce is False
+            if checker.zero_reduce_scatter:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=dist.get_world_group())
+            elif checker.mpu is not None:
+                if own_gradients:
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=checker.mpu.get_data_parallel_group())
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=checker.mpu.get_model_parallel_group())
+            elif own_gradients:
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=dist.get_world_group())
+            return flag
+
         @torch.no_grad()
         def step(self, closure=None):
             low = [p for group in self.fp16_groups for p in group]
             masters = [p for group in self.fp32_groups for p in group]
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in low]
             squares = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).square().sum()
+            overflow = self.agreed_overflow(~torch.isfinite(squares))
             if self.mpu is not None:  # DeepSpeed's get_weight_norm sums over the model-parallel group
-                import torch.distributed as dist
+                from deepspeed import comm as dist
                 dist.all_reduce(squares, group=self.mpu.get_model_parallel_group())
-            norm = float(squares) ** 0.5  # the one sync
+            # the one sync: an agreed overflow reads as an infinite norm
+            norm = float(torch.where(overflow[0] > 0, torch.full_like(squares, float("inf")), squares)) ** 0.5
             if norm != norm or norm in (float("inf"), float("-inf")):
                 return self._skip_invalid_grad_norm()
             self.overflow = False
