@@ -1,6 +1,7 @@
 """Helpers the benchmark scripts share (imported as a sibling: the scripts run from this folder)."""
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import subprocess
@@ -14,6 +15,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def single_rank_environment() -> None:
+    """torch.distributed at world size 1, as DeepSpeed's launcher would set it (without these,
+    DeepSpeed looks for an MPI launch)."""
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
 
 
 def cpu_name() -> str:

@@ -65,8 +65,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     import parts
-    from bench_common import cpu_name
-    parts.single_rank_environment()
+    from bench_common import cpu_name, single_rank_environment
+    single_rank_environment()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     config = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from bench_common import cpu_name, free_port  # noqa: E402
+from bench_common import cpu_name, single_rank_environment  # noqa: E402
 
 SYNCS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"}
 
@@ -56,8 +55,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    single_rank_environment()
     import deepspeed
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
@@ -83,7 +81,6 @@ def main() -> None:
                 p_.grad = torch.randn_like(p_) * 1e-3
             with CountOps() as counted:
                 engine.optimizer.step()
-            started = time.perf_counter()
             for p_ in model.parameters():
                 p_.grad = torch.randn_like(p_) * 1e-3
             started = time.perf_counter()

@@ -58,7 +58,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # site-packages may hold another `benchmarks`
 
-from bench_common import free_port, make_shards
+from bench_common import make_shards, single_rank_environment
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
@@ -153,16 +153,13 @@ ENGINE_PATHS = ("engine_lamb", "engine_lamb_deepspeed_step")
 
 def engine_for(name: str, model: torch.nn.Module, device: torch.device, precision: str, micro_batch: int):
     """train.py's engine around `model` at world size 1 (the process group made here if none is)."""
-    import os
-
     import deepspeed
     import torch.distributed as dist
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
     from commodity_bert.train.engine import build_engine
     if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                          LOCAL_RANK="0")
+        single_rank_environment()
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
                                    auto_mpi_discovery=False, verbose=False)
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,

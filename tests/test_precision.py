@@ -125,30 +125,13 @@ def _onebit_row_mask_under_bf16(rank, world, results):
                            float((table[0] - start[0]).abs().max()))
 
 
-class _CountOps:
-    """Counts the aten operations run inside it: the kernels a step launches on a device."""
-
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter.ops += 1
-                counter.syncs += func._schema.name in ("aten::_local_scalar_dense", "aten::is_nonzero")
-                return func(*args, **(kwargs or {}))
-        self.ops, self.syncs, self.mode = 0, 0, Mode()
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
-
-
 def _one_pass_against_deepspeeds_step(results):
     """DeepSpeed's FP16_UnfusedOptimizer step and the one-pass step of the same wrapper
     (optim/precision.py), side by side from the same bf16 weights and gradients."""
+    import sys
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from master_step_ops import CountOps
+
     from commodity_bert.optim.lamb import Lamb
     from commodity_bert.optim.precision import one_pass_master_step
 
@@ -172,7 +155,7 @@ def _one_pass_against_deepspeeds_step(results):
                     if step == 3:  # an inf gradient: the step is skipped, nothing moves
                         net[0].weight.grad[0, 0] = math.inf
                     before = [p.detach().clone() for p in net.parameters()]
-                    with _CountOps() as counted:
+                    with CountOps() as counted:
                         overflow = optimizer.step()
                     ops.append((counted.ops, counted.syncs))
                     norms.append(optimizer._global_grad_norm)

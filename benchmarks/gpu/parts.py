@@ -15,6 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
+from bench_common import single_rank_environment
 from carry import normalise
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,14 +76,6 @@ class Recorder:
         self.data["checks"].append({"name": name, "value": value, "limit": limit, "passed": bool(passed)})
         self.data["passed"] = all(c["passed"] for c in self.data["checks"])
         self.save()
-
-
-def single_rank_environment() -> None:
-    """torch.distributed at world size 1, as DeepSpeed's launcher would set it (without these,
-    DeepSpeed looks for an MPI launch)."""
-    from bench_common import free_port
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
 
 
 def train_once(config: dict, work: Path, name: str, data: Path, model: str, steps: int, *extra: str) -> list[dict]:

@@ -80,8 +80,8 @@ def mask_rows(tokens: np.ndarray, lengths: np.ndarray, *, rng: np.random.Generat
               continuation: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masked-LM masking of every row of a padded [n, L] matrix at once, in numpy: the tokens
     `select_rows` chooses (whole words with `continuation`), then `mask_selected`'s 80/10/10,
-    drawn from one generator. Returns (masked tokens [n, L], positions [n, max_predictions], original ids [n,
-    max_predictions]); positions are sorted per row and padded with 0, ids with 0."""
+    drawn from one generator. Returns (masked tokens [n, L], positions [n, max_predictions],
+    original ids [n, max_predictions]); positions are sorted per row and padded with 0, ids with 0."""
     selected = select_rows(tokens, lengths, rng=rng, mask_prob=mask_prob, max_predictions=max_predictions,
                            is_special=is_special, continuation=continuation)
     masked, rows, where = mask_selected(tokens, selected, rng=rng, mask_id=mask_id, replacement_ids=replacement_ids)

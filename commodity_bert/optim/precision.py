@@ -169,8 +169,9 @@ def _foreach_master_step_class():
         `_foreach_norm` (in fp32, as DeepSpeed's `.float().norm()`) whose total, synced once, is
         both the overflow check (a non-finite gradient makes it non-finite) and the clipping
         norm; `_foreach_copy_` casts the gradients into the fp32 masters' and the masters back
-        into the model; one `_foreach_mul_` unscales and clips where the factor is not 1. The same updates (tests/test_precision.py): bit for bit
-        without clipping, within float rounding of the norm's summation order with it."""
+        into the model; one `_foreach_mul_` unscales and clips where the factor is not 1. The
+        same updates (tests/test_precision.py): bit for bit without clipping, within float
+        rounding of the norm's summation order with it."""
 
         def agreed_overflow(self, local: torch.Tensor) -> torch.Tensor:
             """DeepSpeed's CheckOverflow.has_overflow agreement on this rank's flag, with its
