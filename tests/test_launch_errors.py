@@ -127,6 +127,10 @@ def test_command_line_numbers_out_of_range_are_refused(args, phrase):
     (lambda c: c["scheduler"]["params"].update(total_num_steps=2.5), "give a whole number of steps, 1 or more"),
     (lambda c: c["scheduler"]["params"].update(warmup_max_lr="1e-3"), 'give a number, 0 or more'),
     (lambda c: c["scheduler"]["params"].update(warmup_type="cosine"), 'give "linear" or "log"'),
+    (lambda c: c.update(commodity_bert={"head_warmup": {"steps": 10, "encoder_lr_scale": 2}}),
+     '"commodity_bert.head_warmup.encoder_lr_scale" must be in [0, 1), not 2'),
+    (lambda c: c.update(commodity_bert={"head_warmup": {"steps": "all"}}),
+     '"commodity_bert.head_warmup.steps" must be a whole number of steps >= 0'),
 ])
 def test_every_number_of_the_optimizer_and_scheduler_is_checked(change, phrase):
     config = json.loads(CPU_CONFIG.read_text())
@@ -135,6 +139,29 @@ def test_every_number_of_the_optimizer_and_scheduler_is_checked(change, phrase):
     with pytest.raises(LaunchError) as error:
         check_deepspeed_config(config, 2)
     assert phrase in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_init_from_directory_is_checked_before_anything_loads(tmp_path):
+    """--init-from: a weights directory must be a BERT's and hold its tokenizer; a config without
+    weights, another model type and a missing directory each get one line naming the fix."""
+    from commodity_bert.train.launch_checks import init_source
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(LaunchError, match="config.json but no weights"):
+        init_source(bert)
+    (bert / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(LaunchError) as error:
+        init_source(bert)
+    assert "weights but no tokenizer (vocab.txt or tokenizer.json)" in str(error.value)
+    assert f"bert-data-prep shards --vocab {bert}" in str(error.value) and "\n" not in str(error.value)
+    (bert / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    assert init_source(bert) == ("weights", bert)
+    (bert / "config.json").write_text(json.dumps({"model_type": "roberta"}))
+    with pytest.raises(LaunchError, match="a roberta model, not a BERT"):
+        init_source(bert)
+    with pytest.raises(LaunchError, match="no such directory"):
+        init_source(tmp_path / "nowhere")
 
 
 def test_one_bit_optimizers_keep_their_words_and_gpu_configs_pass_on_a_gpu():

@@ -349,6 +349,43 @@ def test_optimizer_choice_follows_the_config():
     assert build_optimizer(adam, model)[0] is None
 
 
+def test_a_head_warmup_holds_the_encoder_for_its_steps_and_raises_the_heads_rate():
+    """The encoder (every group but the heads') at `encoder_lr_scale` x the scheduler's rate for the
+    first `steps` optimizer steps, the heads at `head_lr_scale` x; then both at the scheduler's own.
+    At rate 0, AdamW's decoupled weight decay leaves the encoder's weights exactly as they were."""
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    from commodity_bert.optim.head_warmup import HEAD_GROUP, HeadWarmupScheduler
+    model = torch.nn.Module()
+    model.encoder, model.cls = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)  # HF BERT's head is "cls."
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1, "weight_decay": 0.01}},
+              "commodity_bert": {"head_warmup": {"steps": 3, "head_lr_scale": 5.0}}}
+    _, groups, _ = build_optimizer(config, model)
+    assert [(len(g["params"]), bool(g.get(HEAD_GROUP))) for g in groups] == [(1, False), (1, False), (1, True), (1, True)]
+    optimizer = torch.optim.AdamW(groups, lr=0.1, weight_decay=0.01)
+    scheduler = HeadWarmupScheduler(WarmupDecayLR(optimizer, total_num_steps=10, warmup_max_lr=0.1,
+                                                  warmup_num_steps=2), optimizer.param_groups, 3, 0.0, 5.0)
+    twin = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # the same scheduler, unwrapped
+    alone = WarmupDecayLR(twin, total_num_steps=10, warmup_max_lr=0.1, warmup_num_steps=2)
+    encoder_before = model.encoder.weight.detach().clone()
+    seen, own = [], []
+    for _ in range(5):
+        own.append(twin.param_groups[0]["lr"])
+        alone.step()
+        scheduler.get_last_lr()  # the wrapped scheduler's own methods pass through
+        seen.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[2]["lr"]))
+        model.zero_grad()
+        (model.cls(model.encoder(torch.ones(2, 4))) ** 2).sum().backward()
+        optimizer.step()
+        scheduler.step()
+        if len(seen) == 3:
+            assert torch.equal(model.encoder.weight, encoder_before)  # 3 steps: not moved, not decayed
+    assert not torch.equal(model.encoder.weight, encoder_before)
+    assert own[3] > 0
+    assert [e for e, _ in seen] == pytest.approx([0, 0, 0, *own[3:]])
+    assert [h for _, h in seen] == pytest.approx([5 * r for r in own[:3]] + own[3:])
+
+
 def test_lamb_implementation_is_checked_against_the_device():
     from commodity_bert.train.launch_checks import LaunchError, check_against_device, check_project_block
     lamb = {"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}

@@ -195,25 +195,47 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
     assert rows(run)[0]["loss"] < fresh - 0.1
 
 
-def test_a_bin_only_bert_is_continued_on_shards_of_its_own_vocabulary_and_casing(tmp_path, data, sotu_small, run30):
-    """Domain adaptation from a Hugging Face BERT directory: weights as pytorch_model.bin only (no
-    safetensors) load; `bert-data-prep shards --vocab DIR` tokenizes with DIR's vocabulary and
-    casing; shards of another vocabulary (same size) or casing are refused in one line."""
-    import shutil
-
+def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own_vocabulary_and_casing(
+        tmp_path, data, sotu_small, run30):
+    """Domain adaptation from a Hugging Face BERT directory as sentence-transformers saves one: a
+    `BertModel` (no masked-LM head), weights as pytorch_model.bin only, its tokenizer files and
+    1_Pooling/. It loads with one line saying the head starts fresh; under a head warm-up covering
+    the run the encoder does not move; the export loads with from_pretrained and in bert-finetune.
+    `bert-data-prep shards --vocab DIR` tokenizes with DIR's vocabulary and casing; shards of
+    another vocabulary (same size) or casing are refused in one line."""
     import torch
-    from safetensors.torch import load_file
+    from transformers import BertForMaskedLM, BertModel
 
     from commodity_bert.data.vocab import model_vocabulary
+    from commodity_bert.finetune.models import load as load_for_finetuning
     from commodity_bert.train.launch_checks import check_vocabulary_against_source
-    source = tmp_path / "bert_bin"
-    shutil.copytree(run30 / "hf_model", source)
-    for weights in list(source.glob("*.safetensors")):
-        torch.save(load_file(weights), source / "pytorch_model.bin")
-        weights.unlink()
+    source = tmp_path / "sentence_bert"
+    encoder = BertModel.from_pretrained(run30 / "hf_model")
+    encoder.save_pretrained(source, safe_serialization=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (source / name).write_bytes((run30 / "hf_model" / name).read_bytes())
+    (source / "1_Pooling").mkdir()
+    (source / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    assert json.loads((source / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert not list(source.glob("*.safetensors"))
+    config = json.loads(CPU_CONFIG.read_text())
+    config["commodity_bert"] = {"head_warmup": {"steps": 5, "head_lr_scale": 10.0}}
+    (tmp_path / "head_warmup.json").write_text(json.dumps(config))
     run = tmp_path / "continued"
-    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", source)
-    assert rows(run)[0]["loss"] < rows(run30)[0]["loss"] - 0.1  # its weights, not random ones
+    output = train(1, "--deepspeed_config", tmp_path / "head_warmup.json", "--log-every", 1, "--num-workers", 1,
+                   "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", source).stdout
+    said = [line for line in output.splitlines() if "masked-LM head" in line]
+    assert len(said) == 1 and said[0].startswith(f"--init-from {source}: no weights for the masked-LM head")
+    assert "LOAD REPORT" not in output and "MISSING" not in output
+    adapted, info = BertForMaskedLM.from_pretrained(run / "hf_model", output_loading_info=True)
+    assert not info["missing_keys"]
+    before = encoder.state_dict()
+    assert all(torch.equal(before[name], tensor) for name, tensor in adapted.bert.state_dict().items()
+               if name in before)  # the encoder stood still while the head learned
+    assert rows(run)[-1]["loss"] < rows(run)[0]["loss"]
+    assert load_for_finetuning(run).encoder_state  # what bert-finetune starts from
+    source_vocab = model_vocabulary(source)
+    assert source_vocab and source_vocab[0] == (data / "vocab.txt").read_text().splitlines()
 
     # shards made with the directory as --vocab: its tokens, and its casing when none is given
     config = json.loads((source / "tokenizer_config.json").read_text())

@@ -37,7 +37,7 @@ def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=N
         torch.manual_seed(SEED)
         hf = build_model(build_config("tiny", manifest["vocab"]["size"]), nsp=manifest["nsp"])
         if pretrained is not None:
-            hf = load_pretrained(pretrained, nsp=manifest["nsp"])
+            hf, _ = load_pretrained(pretrained, nsp=manifest["nsp"])
         model = PretrainingModel(hf).train()
         torch.manual_seed(SEED + rank)
         stream = iter(TrainingBatches(ShardSet.open(data), rank, world, micro_batch, SEED, 0))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from commodity_bert.optim.head_warmup import HEAD_PREFIX
 from commodity_bert.project_block import section
 
 PRESETS = {
@@ -157,15 +159,52 @@ def use_activation_checkpointing(hf_model: nn.Module) -> None:
         hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def load_pretrained(source: str | os.PathLike, nsp: bool) -> nn.Module:
-    """An exported model (RUN/hf_model) to start from, e.g. phase 2 from phase 1. HF's own
-    loader ties the output embeddings and initialises a head the source lacks (NSP after an
-    MLM-only phase)."""
+@contextmanager
+def quiet_transformers():
+    """from_pretrained prints a multi-line load report and a progress bar; the caller says what
+    matters (a fresh head) in one line instead."""
+    from transformers.utils import logging as hf_logging
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_pretrained(source: str | os.PathLike, nsp: bool) -> tuple[nn.Module, list[str]]:
+    """An exported model (RUN/hf_model) or a Hugging Face BERT directory to start from, and the
+    names of the head parameters its weights lacked. HF's own loader ties the output embeddings and
+    initialises what the source lacks: NSP after an MLM-only phase, the whole masked-LM head under
+    a `BertModel` (a sentence-transformers export). Missing encoder weights are refused: such a
+    directory holds another model's weights."""
     cls = BertForPreTraining if nsp else BertForMaskedLM
     try:
-        return cls.from_pretrained(str(source), attn_implementation=UNPADDED_ATTENTION)
+        with quiet_transformers():
+            model, info = cls.from_pretrained(str(source), attn_implementation=UNPADDED_ATTENTION,
+                                              output_loading_info=True)
     except (OSError, ValueError) as exc:
-        raise ModelConfigError(f"--init-from {source}: not a loadable BERT model ({exc})") from exc
+        raise ModelConfigError(f"--init-from {source}: not a loadable BERT model ({str(exc).splitlines()[0]})") from exc
+    missing = sorted(info.get("missing_keys", ()))
+    encoder = [name for name in missing if not name.startswith(HEAD_PREFIX)]
+    if encoder:
+        raise ModelConfigError(f"--init-from {source}: its weights are not a BERT encoder's ({len(encoder)} of "
+                               f"{len(model.state_dict())} encoder tensors missing, e.g. {encoder[0]})")
+    return model, missing
+
+
+def fresh_head_line(source, missing: list[str]) -> str | None:
+    """One line saying which pretraining head starts from random weights, or None."""
+    heads = sorted({name.split(".")[1] for name in missing if name.startswith(HEAD_PREFIX)})
+    if not heads:
+        return None
+    what = {"predictions": "the masked-LM head (its output layer is the word embeddings)",
+            "seq_relationship": "the next-sentence head"}
+    return (f"--init-from {source}: no weights for {' and '.join(what.get(h, h) for h in heads)}; "
+            f"it starts fresh (a head warm-up, \"commodity_bert.head_warmup\", keeps the encoder still while it learns)")
 
 
 class PretrainingModel(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from commodity_bert.optim.head_warmup import HEAD_GROUP, HEAD_PREFIX, head_warmup_settings
 from commodity_bert.optim.lamb import Lamb
 from commodity_bert.project_block import section
 
@@ -20,14 +21,18 @@ ZERO_ONE_ADAM_PARAMS = {"lr", "betas", "eps", "weight_decay", "var_freeze_step",
                         "local_step_scaler", "local_step_clipper", "scale_block"}
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """BERT's convention: no weight decay on biases and LayerNorm weights."""
-    decay, no_decay = [], []
+def parameter_groups(model: nn.Module, weight_decay: float, heads_apart: bool = False) -> list[dict]:
+    """BERT's convention: no weight decay on biases and LayerNorm weights. With `heads_apart`, the
+    pretraining heads' parameters in groups of their own, after the encoder's two and marked
+    (a head warm-up scales the others' rate: optim/head_warmup.py)."""
+    groups = {(head, decay): [] for head in (False, True) for decay in (True, False)}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        head = heads_apart and name.removeprefix("hf_model.").startswith(HEAD_PREFIX)
+        groups[head, not (name.endswith("bias") or "LayerNorm" in name)].append(param)
+    return [{"params": params, "weight_decay": weight_decay if decay else 0.0, **({HEAD_GROUP: True} if head else {})}
+            for (head, decay), params in groups.items() if params or not head]
 
 
 def optimizer_name(ds_config: dict) -> str:
@@ -57,7 +62,8 @@ def build_optimizer(ds_config: dict, model: nn.Module):
     the config and the optimizer passed in."""
     block = ds_config.get("optimizer", {})
     params = dict(block.get("params", {}))
-    groups = parameter_groups(model, params.get("weight_decay", 0.0))
+    groups = parameter_groups(model, params.get("weight_decay", 0.0),
+                              heads_apart=bool(head_warmup_settings(ds_config)["steps"]))
     name = optimizer_name(ds_config)
     if name in DEEPSPEED_BUILT or (name == "lamb" and lamb_implementation(ds_config) == "deepspeed"):
         return None, groups, ds_config

@@ -9,6 +9,7 @@ import deepspeed
 import torch.distributed as dist
 
 from commodity_bert.comm import mode as comm_mode
+from commodity_bert.optim import head_warmup
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import one_pass_master_step
 from commodity_bert.train.metrics import without_our_monitors
@@ -52,10 +53,12 @@ class AloneGroup:
 
 def build_engine(ds_config: dict, model, mpu: AloneGroup | None = None) -> Engine:
     mode = comm_mode.select(ds_config)
+    given = ds_config
     # the optimizer first: it reads "commodity_bert.lamb", which the mode then hides from DeepSpeed
     optimizer, parameters, ds_config = build_optimizer(ds_config, model)
     ds_config = mode.deepspeed_config(ds_config)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                                    config=without_our_monitors(ds_config), mpu=mpu)
     one_pass_master_step(engine)  # fp16/bf16 at ZeRO 0: the wrapper's step on all tensors at once
+    scheduler = head_warmup.install(engine, given)  # the encoder's rate scaled while a fresh head learns
     return Engine(engine, optimizer, scheduler, mode, ds_config)

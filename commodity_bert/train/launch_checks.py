@@ -9,7 +9,7 @@ from commodity_bert.comm import diloco, topology
 from commodity_bert.comm.mode import mode_class
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.vocab import VocabError, model_vocabulary
-from commodity_bert.optim import onebit_lamb, zero_one_adam
+from commodity_bert.optim import head_warmup, onebit_lamb, zero_one_adam
 from commodity_bert.optim.build import (
     DEEPSPEED_BUILT,
     LAMB_IMPLEMENTATIONS,
@@ -19,6 +19,7 @@ from commodity_bert.optim.build import (
     optimizer_name,
 )
 from commodity_bert.project_block import PROJECT_BLOCK, section
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL
 
 # the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
 PROJECT_SECTIONS = {
@@ -27,6 +28,7 @@ PROJECT_SECTIONS = {
     "hierarchy": set(topology.DEFAULTS),
     "activation_checkpointing": {"enabled"},
     "attention": {"layout"},
+    "head_warmup": set(head_warmup.DEFAULTS),
     "lamb": {"implementation"},
     "pretraining": {"mask_prob", "dropout"},
 }
@@ -147,6 +149,8 @@ def check_project_block(config: dict) -> None:
         if layout not in ATTENTION_LAYOUTS:
             raise LaunchError(f'"commodity_bert.attention.layout" {layout!r}: give one of '
                               f'{", ".join(map(repr, ATTENTION_LAYOUTS))} (default "padded")')
+    if problem := head_warmup.check_settings(config):
+        raise LaunchError(problem)
     for key, value in section(config, "pretraining").items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1 \
                 or (key == "mask_prob" and value == 0):
@@ -302,6 +306,43 @@ def pretraining_settings(config: dict, data: ShardSet) -> dict:
                           f'holds static masks (at {data.manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
                           f'again with bert-data-prep shards --masking dynamic, or drop the key')
     return settings
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+def init_source(source: Path) -> tuple[str, Path]:
+    """What --init-from names, checked before anything loads: ("weights", the directory) for a
+    RUN, its hf_model or a Hugging Face BERT directory (with or without its pretraining heads),
+    ("checkpoint", the directory) for DeepSpeed checkpoints. A weights directory must be a BERT's
+    and hold its tokenizer: the shards must be made with the model's own vocabulary, and without
+    one nothing can show they were."""
+    from commodity_bert.train import checkpoint  # here: deepspeed only where a launch asks
+    weights = source / HF_MODEL if (source / HF_MODEL).is_dir() else source
+    if any(any(weights.glob(pattern)) for pattern in WEIGHT_FILES):
+        try:
+            config = json.loads((weights / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"--init-from {source}: weights but no readable config.json beside them ({exc}); "
+                              f"save the model with save_pretrained(DIR)") from None
+        if config.get("model_type") != "bert":
+            raise LaunchError(f"--init-from {source}: a {config.get('model_type') or 'model without model_type'} "
+                              f"model, not a BERT (config.json's model_type must be \"bert\")")
+        if model_vocabulary(weights) is None:
+            raise LaunchError(f"--init-from {source}: weights but no tokenizer (vocab.txt or tokenizer.json); put the "
+                              f"model's own tokenizer files beside them (tokenizer.save_pretrained(DIR)), then make "
+                              f"shards with it: bert-data-prep shards --vocab {source} ...")
+        return "weights", weights
+    for candidate in (source, source / CHECKPOINTS):
+        if checkpoint.latest(candidate):
+            return "checkpoint", candidate
+    if not source.exists():
+        raise LaunchError(f"--init-from {source}: no such directory")
+    if (weights / "config.json").is_file():
+        raise LaunchError(f"--init-from {source}: config.json but no weights (model.safetensors or "
+                          f"pytorch_model.bin); copy the weights beside it")
+    raise LaunchError(f"--init-from {source}: neither a RUN, an hf_model, a Hugging Face BERT directory nor a "
+                      f"checkpoint directory")
 
 
 def check_vocabulary_against_source(data: ShardSet, source: Path) -> None:
