@@ -204,6 +204,7 @@ def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own
     `bert-data-prep shards --vocab DIR` tokenizes with DIR's vocabulary and casing; shards of
     another vocabulary (same size) or casing are refused in one line."""
     import torch
+    from safetensors.torch import load_file
     from transformers import BertForMaskedLM, BertModel
 
     from commodity_bert.data.vocab import model_vocabulary
@@ -211,7 +212,10 @@ def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own
     from commodity_bert.train.launch_checks import check_vocabulary_against_source
     source = tmp_path / "sentence_bert"
     encoder = BertModel.from_pretrained(run30 / "hf_model")
-    encoder.save_pretrained(source, safe_serialization=False)
+    encoder.save_pretrained(source)
+    for weights in list(source.glob("*.safetensors")):  # transformers 5 saves safetensors only
+        torch.save(load_file(weights), source / "pytorch_model.bin")
+        weights.unlink()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (source / name).write_bytes((run30 / "hf_model" / name).read_bytes())
     (source / "1_Pooling").mkdir()
