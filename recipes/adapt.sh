@@ -14,7 +14,10 @@
 #   training texts, all of them, never its dev split, are always added, written by bert-finetune
 #   --write-train-text to OUT/task_train.txt), OUT (default runs/adapt), STEPS (default
 #   500), LR (peak AdamW rate, default 1e-4: below pretraining's 1e-3, so the model is moved
-#   toward the domain rather than retrained), BATCH (sequences per rank and step, default 32),
+#   toward the domain rather than retrained; warmed up over 20 steps, then constant, so that
+#   the same command with more STEPS goes on from where it stopped), HEAD_WARMUP (default 0: steps
+#   at the start with the encoder frozen and the masked-LM head at 1e-3, for a model whose head is
+#   missing, e.g. a sentence-transformers BertModel), BATCH (sequences per rank and step, default 32),
 #   SEQ_LEN (default 128), RANKS (default 2), CONFIG (default: ds_configs/cpu_mini_adamw_{bf16,fp32}.json
 #   by the CPU), TASK (optional: a bert-finetune task, e.g. embedded:party), FINETUNE_ARGS (more
 #   bert-finetune flags, e.g. "--train-examples 300 --seeds 1 2 3", or your own task's "--train
@@ -30,6 +33,7 @@ PY=$VENV/bin/python
 OUT=${OUT:-runs/adapt}
 STEPS=${STEPS:-500}
 LR=${LR:-1e-4}
+HEAD_WARMUP=${HEAD_WARMUP:-0}
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi
 CONFIG=${CONFIG:-ds_configs/cpu_mini_adamw_$PRECISION.json}
 mkdir -p "$OUT"
@@ -41,22 +45,25 @@ fi
 [ -f "$OUT/shards/manifest.json" ] || $PY -m data_prep shards --input $TEXT --vocab "$MODEL" \
     --seq-len "${SEQ_LEN:-128}" --no-nsp --masking dynamic --num-shards "${RANKS:-2}" --val-fraction 0.02 \
     --output "$OUT/shards"
-# the config's recipe at this run's rate and length: warm-up over the first 10%, decay to 0 at STEPS
-$PY - "$CONFIG" "$OUT/ds_config.json" "$LR" "$STEPS" "${BATCH:-32}" <<'EOF'
+# the config's recipe at this run's rate: warm-up over 20 steps, then constant
+$PY - "$CONFIG" "$OUT/ds_config.json" "$LR" "$STEPS" "${BATCH:-32}" "$HEAD_WARMUP" <<'EOF'
 import json, sys
-source, target, lr, steps, batch = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+source, target, lr, steps, batch, head_warmup = sys.argv[1:]
+lr, steps, head_warmup = float(lr), int(steps), int(head_warmup)
 config = json.load(open(source))
-config["train_micro_batch_size_per_gpu"] = batch
+config["train_micro_batch_size_per_gpu"] = int(batch)
 config["optimizer"]["params"]["lr"] = lr
-config["scheduler"]["params"].update({"warmup_max_lr": lr, "warmup_num_steps": max(1, steps // 10),
-                                      "total_num_steps": steps})
+config["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr,
+                                                      "warmup_num_steps": min(20, steps), "warmup_type": "linear"}}
+if head_warmup:
+    config["commodity_bert"] = {"head_warmup": {"steps": head_warmup, "encoder_lr_scale": 0.0, "head_lr_scale": 1e-3 / lr}}
 json.dump(config, open(target, "w"), indent=1)
 EOF
 echo "adapting $MODEL: $STEPS steps at lr $LR on $OUT/shards ($PRECISION)"
 "$VENV/bin/deepspeed" --num_gpus "${RANKS:-2}" train.py --deepspeed_config "$OUT/ds_config.json" \
     --data "$OUT/shards" --init-from "$MODEL" --output-dir "$OUT/run" --max-steps "$STEPS" \
     --log-every 50 --eval-every "$(( STEPS / 5 > 0 ? STEPS / 5 : 1 ))" --num-workers 1 2>&1 \
-    | grep --line-buffered -E '^(step|done|stopping|warning|left the)|error|Error'
+    | grep --line-buffered -E '^(step|done|stopping|warning|left the|--init-from)|error|Error'
 if [ -n "${TASK:-}${FINETUNE_ARGS:-}" ]; then
     # shellcheck disable=SC2086  # a list of flags
     $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} --random-init --quiet \
