@@ -7,7 +7,7 @@ gets a random head; trained together from the first step, that head's large earl
 reshape the encoder before it can use them (Kumar et al. 2022, "Fine-Tuning can Distort Pretrained
 Features": linear probing, then fine-tuning). The config says
 
-    "commodity_bert": {"head_warmup": {"steps": 200, "encoder_lr_scale": 0.0, "head_lr_scale": 10.0}}
+    "commodity_bert": {"head_warmup": {"steps": 50, "encoder_lr_scale": 0.0, "head_lr_scale": 10.0}}
 
 Written here because neither DeepSpeed nor transformers has it: DeepSpeed's schedulers give every
 parameter group one rate. The heads' parameters get groups of their own (optim/build.py); this
@@ -50,8 +50,9 @@ def check_settings(ds_config: dict) -> str | None:
 
 class HeadWarmupScheduler:
     """The config's scheduler, with the encoder's and the heads' groups' rates scaled until
-    optimizer step `steps` has run. Everything else (state_dict, get_last_lr, ...) is the wrapped scheduler's,
-    so checkpoints hold the same state with and without the warm-up."""
+    optimizer step `steps` has run. Everything else (state_dict, get_last_lr, ...) is the wrapped
+    scheduler's, so checkpoints hold the same state with and without the warm-up; a run resumed
+    within the warm-up gets the scaled rates back with the optimizer's state."""
 
     def __init__(self, scheduler, param_groups: list[dict], steps: int, encoder_lr_scale: float,
                  head_lr_scale: float = 1.0):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -46,13 +47,18 @@ def cell(result: dict) -> str:
     return f"{100 * result['median']:.1f}% [{100 * result['min']:.1f}–{100 * result['max']:.1f}]"
 
 
+ARM = re.compile(r"(?P<text>.+?)_(?P<rate>[0-9.]+e-\d+)_warmup(?P<warmup>\d+)(?:_after_(?P<after>.+))?_s(?P<steps>\d+)$")
+
+
 def describe(name: str) -> str:
-    """imdb_1e-4_warmup50_s200 -> the text, rate, warm-up and steps of that arm."""
+    """imdb_1e-4_warmup50_s200 -> the text, rate, head warm-up and steps of that arm."""
     if name == "unadapted":
         return "all-MiniLM-L6-v2 as published"
-    domain, rate, warmup, steps = name.rsplit("_", 3)
-    return (f"{domain.replace('+', ' then ')}, AdamW {rate}, head warm-up {warmup.removeprefix('warmup') or 0} "
-            f"steps, {steps.removeprefix('s')} steps")
+    arm = ARM.match(name)
+    if not arm:
+        return name
+    after = f" after {describe(arm['after'])}" if arm["after"] else ""
+    return (f"{arm['text']}, AdamW {arm['rate']}, head warm-up {arm['warmup']}, {arm['steps']} steps{after}")
 
 
 def table(results: Path) -> str:
@@ -64,7 +70,8 @@ def table(results: Path) -> str:
         if not found:
             continue
         lines += [f"**{title}**", "", "| task | model | continued pretraining (CPU s, validation MLM) | accuracy, median "
-                  "[min–max] | Δ median vs unadapted | bag of words |", "|---|---|---|---|---|---|"]
+                  "[min–max] | Δ median vs unadapted (its max) | frozen probe | mean cosine | bag of words |",
+                  "|---|---|---|---|---|---|---|---|"]
         for path in found:
             task, name = path.stem.split("_", 1)
             result = json.loads(path.read_text())
@@ -76,8 +83,11 @@ def table(results: Path) -> str:
             run = runs.get(name, {})
             cost = (f"{run['trained_s']:.0f} s, {100 * run['val_mlm_acc']:.1f}%" if run.get("val_mlm_acc") is not None
                     else "")
+            probe = (result.get("linear_probe") or {}).get("pretrained", {}).get("value")
+            cosine = (result.get("representations") or {}).get("mean_cosine")
             lines.append(f"| {task} | {describe(name)} | {cost} | {cell(result)} | {delta} | "
-                         f"{100 * result['bag_of_words']['value']:.1f}% |")
+                         f"{'' if probe is None else f'{100 * probe:.1f}%'} | "
+                         f"{'' if cosine is None else f'{cosine:.2f}'} | {100 * result['bag_of_words']['value']:.1f}% |")
         lines.append("")
     lines += ["**Random init** (`mini`, 1,000 labels, 3 seeds; earlier tables)", ""]
     for task, files in REFERENCES.items():

