@@ -32,7 +32,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from commodity_bert.optim.head_warmup import HEAD_PREFIX
+from commodity_bert.model import HEAD_PREFIX
 from commodity_bert.project_block import section
 
 PRESETS = {

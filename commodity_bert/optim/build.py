@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from commodity_bert.optim.head_warmup import HEAD_GROUP, HEAD_PREFIX, head_warmup_settings
+from commodity_bert.model import HEAD_PREFIX
+from commodity_bert.optim.head_warmup import HEAD_GROUP, head_warmup_settings
 from commodity_bert.optim.lamb import Lamb
 from commodity_bert.project_block import section
 

@@ -17,9 +17,9 @@ encoder's), and at a rate of 0 neither the update nor decoupled weight decay mov
 """
 from __future__ import annotations
 
+from commodity_bert.model import HEAD_PREFIX
 from commodity_bert.project_block import section
 
-HEAD_PREFIX = "cls."  # Hugging Face BERT's pretraining heads: the masked-LM transform and bias, NSP
 HEAD_GROUP = "pretraining_head"  # the parameter-group option marking the heads' groups
 DEFAULTS = {"steps": 0, "encoder_lr_scale": 0.0, "head_lr_scale": 1.0}
 
