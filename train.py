@@ -45,6 +45,7 @@ from commodity_bert.model.bert import (
     executed_training_flops,
     fresh_head_line,
     load_pretrained,
+    pretrained_config,
     set_dropout,
     use_activation_checkpointing,
 )
@@ -300,26 +301,37 @@ def check_inputs(args, device: torch.device) -> Inputs:
 
 def pretraining_model(args, inputs: Inputs, resuming: bool):
     """The HF BERT to train (from --init-from's weights where given), its config, and the
-    checkpoint --init-from names instead, if it does."""
+    checkpoint --init-from names instead, if it does. A resumed run takes its weights from its
+    checkpoint, but its architecture still from the --init-from directory where there is one,
+    not from --model."""
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DeepSpeed also broadcasts them)
     model_config, data = inputs.model_config, inputs.data
-    hf_model = build_model(model_config, nsp=data.nsp)
-    init_checkpoint = None
-    if args.init_from and not resuming:
-        source = Path(args.init_from)
+    init_checkpoint, weights = None, None
+    source = Path(args.init_from) if args.init_from else None
+    if source is not None and (not resuming or source.exists()):
         try:
             kind, where = init_source(source)
             if kind == "weights":
                 check_vocabulary_against_source(data, where)  # before loading: a refusal costs no load
-                hf_model, missing = load_pretrained(where, nsp=data.nsp)
-                model_config = hf_model.config  # the architecture is the source's
-                check_data_against_model(data, model_config)
-                if line := fresh_head_line(source, missing):
-                    say(line)
-            else:
+                weights = where
+            elif not resuming:
                 init_checkpoint = where
-        except (ModelConfigError, LaunchError) as exc:
+        except LaunchError as exc:
             fail(str(exc))
+    try:
+        if weights is not None and not resuming:
+            hf_model, missing = load_pretrained(weights, nsp=data.nsp)
+            model_config = hf_model.config  # the architecture is the source's
+            if line := fresh_head_line(source, missing):
+                say(line)
+        elif weights is not None:  # resuming: the checkpoint holds the weights, the source the architecture
+            model_config = pretrained_config(weights)
+        if weights is not None:
+            check_data_against_model(data, model_config)
+    except (ModelConfigError, LaunchError) as exc:
+        fail(str(exc))
+    if weights is None or resuming:
+        hf_model = build_model(model_config, nsp=data.nsp)
     if "dropout" in inputs.recipe:  # in training only: the exported config keeps its own rate for fine-tuning
         set_dropout(hf_model, inputs.recipe["dropout"])
     if section(inputs.ds_config, "activation_checkpointing").get("enabled"):

@@ -238,6 +238,13 @@ def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own
                if name in before)  # the encoder stood still while the head learned
     assert rows(run)[-1]["loss"] < rows(run)[0]["loss"]
     assert load_for_finetuning(run).encoder_state  # what bert-finetune starts from
+    # the same command with more steps resumes: the source's architecture, not --model's (base)
+    output = train(1, "--deepspeed_config", tmp_path / "head_warmup.json", "--log-every", 1, "--num-workers", 1,
+                   "--data", data, "--output-dir", run, "--max-steps", 7, "--init-from", source).stdout
+    assert "resuming from" in output and rows(run)[-1]["step"] == 7
+    resumed = BertForMaskedLM.from_pretrained(run / "hf_model").bert.state_dict()
+    assert not torch.equal(resumed["encoder.layer.0.attention.self.query.weight"],
+                           before["encoder.layer.0.attention.self.query.weight"])  # past the warm-up it moves
     source_vocab = model_vocabulary(source)
     assert source_vocab and source_vocab[0] == (data / "vocab.txt").read_text().splitlines()
 

@@ -196,6 +196,14 @@ def load_pretrained(source: str | os.PathLike, nsp: bool) -> tuple[nn.Module, li
     return model, missing
 
 
+def pretrained_config(source: str | os.PathLike) -> BertConfig:
+    """The architecture of a model directory, without its weights."""
+    try:
+        return BertConfig.from_pretrained(str(source))
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"--init-from {source}: no readable BERT config.json ({str(exc).splitlines()[0]})") from exc
+
+
 def fresh_head_line(source, missing: list[str]) -> str | None:
     """One line saying which pretraining head starts from random weights, or None."""
     heads = sorted({name.split(".")[1] for name in missing if name.startswith(HEAD_PREFIX)})

@@ -69,7 +69,7 @@ def table(results: Path) -> str:
         found = sorted((results / stage).glob("*.json"))
         if not found:
             continue
-        lines += [f"**{title}**", "", "| task | model | continued pretraining (CPU s, validation MLM) | accuracy, median "
+        lines += [f"**{title}**", "", "| task | model | continued pretraining (s of the 2 cores, validation MLM) | accuracy, median "
                   "[min–max] | Δ median vs unadapted (its max) | frozen probe | mean cosine | bag of words |",
                   "|---|---|---|---|---|---|---|---|"]
         for path in found:
