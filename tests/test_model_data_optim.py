@@ -372,8 +372,9 @@ def test_a_head_warmup_holds_the_encoder_for_its_steps_and_raises_the_heads_rate
     for _ in range(5):
         own.append(twin.param_groups[0]["lr"])
         alone.step()
-        scheduler.get_last_lr()  # the wrapped scheduler's own methods pass through
         seen.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[2]["lr"]))
+        assert scheduler.get_last_lr() == [g["lr"] for g in optimizer.param_groups]  # what is logged: the rates in use
+        assert scheduler.last_batch_iteration == len(seen) - 2  # the wrapped scheduler's own state passes through
         model.zero_grad()
         (model.cls(model.encoder(torch.ones(2, 4))) ** 2).sum().backward()
         optimizer.step()

@@ -50,9 +50,10 @@ def check_settings(ds_config: dict) -> str | None:
 
 class HeadWarmupScheduler:
     """The config's scheduler, with the encoder's and the heads' groups' rates scaled until
-    optimizer step `steps` has run. Everything else (state_dict, get_last_lr, ...) is the wrapped
-    scheduler's, so checkpoints hold the same state with and without the warm-up; a run resumed
-    within the warm-up gets the scaled rates back with the optimizer's state."""
+    optimizer step `steps` has run. get_last_lr gives the rates the groups train at (the logged
+    `lr` is the encoder's: 0 while it is held); everything else (state_dict, ...) is the wrapped
+    scheduler's, so checkpoints hold the same state with and without the warm-up, and a run
+    resumed within the warm-up gets the scaled rates back with the optimizer's state."""
 
     def __init__(self, scheduler, param_groups: list[dict], steps: int, encoder_lr_scale: float,
                  head_lr_scale: float = 1.0):
@@ -76,6 +77,9 @@ class HeadWarmupScheduler:
         result = self.scheduler.step(*args, **kwargs)
         self._scale()
         return result
+
+    def get_last_lr(self) -> list[float]:
+        return [group["lr"] for group in self.groups]
 
     def __getattr__(self, name):
         return getattr(self.scheduler, name)
