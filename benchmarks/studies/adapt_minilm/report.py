@@ -61,6 +61,19 @@ def describe(name: str) -> str:
     return (f"{arm['text']}, AdamW {arm['rate']}, head warm-up {arm['warmup']}, {arm['steps']} steps{after}")
 
 
+def cost(name: str, runs: dict) -> str:
+    """Seconds of continued pretraining behind an arm (an arm run after another adds that one's),
+    and its validation MLM accuracy."""
+    run = runs.get(name)
+    if not run or run.get("val_mlm_acc") is None:
+        return ""
+    arm = ARM.match(name)
+    before = runs.get(arm["after"]) if arm and arm["after"] else None
+    seconds = (f"{before['trained_s'] + run['trained_s']:.0f} s ({before['trained_s']:.0f} + {run['trained_s']:.0f})"
+               if before else f"{run['trained_s']:.0f} s")
+    return f"{seconds}, {100 * run['val_mlm_acc']:.1f}%"
+
+
 def table(results: Path) -> str:
     runs = json.loads((results / "runs.json").read_text()) if (results / "runs.json").exists() else {}
     lines = []
@@ -70,22 +83,20 @@ def table(results: Path) -> str:
         if not found:
             continue
         lines += [f"**{title}**", "", "| task | model | continued pretraining (s of the 2 cores, validation MLM) | accuracy, median "
-                  "[min–max] | Δ median vs unadapted (its max) | frozen probe | mean cosine | bag of words |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "[min–max] | median − unadapted median | median − unadapted max | frozen probe | mean cosine | "
+                  "bag of words |", "|---|---|---|---|---|---|---|---|---|"]
         for path in found:
             task, name = path.stem.split("_", 1)
             result = json.loads(path.read_text())
             base = results / stage / f"{task}_unadapted.json"
-            delta = ""
-            if base.exists() and name != "unadapted":
-                unadapted = json.loads(base.read_text())
-                delta = f"{100 * (result['median'] - unadapted['median']):+.1f} (max {100 * unadapted['max']:.1f})"
-            run = runs.get(name, {})
-            cost = (f"{run['trained_s']:.0f} s, {100 * run['val_mlm_acc']:.1f}%" if run.get("val_mlm_acc") is not None
-                    else "")
             probe = (result.get("linear_probe") or {}).get("pretrained", {}).get("value")
             cosine = (result.get("representations") or {}).get("mean_cosine")
-            lines.append(f"| {task} | {describe(name)} | {cost} | {cell(result)} | {delta} | "
+            to_median = to_max = ""
+            if base.exists() and name != "unadapted":
+                unadapted = json.loads(base.read_text())
+                to_median = f"{100 * (result['median'] - unadapted['median']):+.1f}"
+                to_max = f"{100 * (result['median'] - unadapted['max']):+.1f}"
+            lines.append(f"| {task} | {describe(name)} | {cost(name, runs)} | {cell(result)} | {to_median} | {to_max} | "
                          f"{'' if probe is None else f'{100 * probe:.1f}%'} | "
                          f"{'' if cosine is None else f'{cosine:.2f}'} | {100 * result['bag_of_words']['value']:.1f}% |")
         lines.append("")
