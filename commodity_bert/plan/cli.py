@@ -1,7 +1,7 @@
 """bert-plan: how long will BERT pretraining take on this cluster, and what will it cost?
 
     # 1. measure the cluster, launched like training (every host, every GPU)
-    deepspeed --hostfile hostfiles/my_cluster -m commodity_bert.plan preflight \\
+    deepspeed --hostfile hostfiles/my_cluster --module commodity_bert.plan preflight \\
         --model large --seq-len 128 --deepspeed_config ds_configs/bert_large_phase1_lamb_fp16.json --out profile.json
     # 2. predict the shipped recipe (phase 1 + phase 2) on 1..64 nodes
     bert-plan estimate --profile profile.json --nodes 1,2,4,8,16 --gpus-per-node 8 --model large \\

@@ -1,7 +1,7 @@
 """`bert-plan preflight`: measure a cluster before training on it, under the training's launcher.
 
-    deepspeed --hostfile H -m commodity_bert.plan preflight --model large --seq-len 128 --out profile.json
-    deepspeed --num_gpus 2 -m commodity_bert.plan preflight ...          (one machine)
+    deepspeed --hostfile H --module commodity_bert.plan preflight --model large --seq-len 128 --out profile.json
+    deepspeed --num_gpus 2 --module commodity_bert.plan preflight ...          (one machine)
 
 Every rank measures, at the same time as the others (as in training, where they share the
 host's CPUs, memory bandwidth and PCIe): a square matmul in the training precision, and one
