@@ -98,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", default="auto", help="auto (latest checkpoint in RUN, if any) | PATH | none")
     p.add_argument("--allow-data-change", action="store_true",
                    help="resume onto a dataset other than the checkpoint's (from its first batch)")
-    p.add_argument("--init-from", help="start from these weights: a RUN, its hf_model, or a checkpoint directory")
+    p.add_argument("--init-from", help="start from these weights: a RUN, its hf_model, a checkpoint directory, or any "
+                   "Hugging Face BERT directory with its tokenizer (a missing masked-LM head starts fresh)")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=0, help="validate every N steps (0: only at the end)")
     p.add_argument("--plateau-check-samples", type=int, default=AFTER_SAMPLES,

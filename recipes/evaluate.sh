@@ -9,8 +9,9 @@
 #   GLUE_DIR: a directory of GLUE task folders (SST-2, CoLA, MRPC, QQP, QNLI, RTE, MNLI); each one
 #     present is evaluated after the embedded tasks (polarity, party)
 #   SEEDS (default "1 2 3 4 5"), EXTRA: more bert-finetune flags (e.g. "--epochs 2 --lr-grid 1e-4 3e-4")
-#   SPAN_SEQ_LEN: --max-seq-len of the QA and tagging tasks (default: the run's pretraining
-#     sequence length, from its data's manifest: positions beyond it are untrained)
+#   SPAN_SEQ_LEN: --max-seq-len of the QA and tagging tasks (default: the run's pretraining sequence
+#     length from its data's manifest, since positions beyond it are untrained, at most 128; give 512
+#     for a phase-2 model)
 # Results: RUN/downstream/TASK.json and the table, also in RUN/downstream/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -228,5 +228,5 @@ def hand_compute(gpu_tflops: float, mfu: float) -> Compute:
 
 
 def default_link_note(net: Network) -> str:
-    return f"{net.link_bytes_per_s / GBIT:.3g} Gbit/s per rank, {net.latency_s * 1e6:.0f} µs per hop"
+    return f"{net.link_bytes_per_s / GBIT:.3g} Gbit/s per node, {net.latency_s * 1e6:.0f} µs per hop"
 

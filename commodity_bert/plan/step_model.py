@@ -93,8 +93,8 @@ def onebit_bytes_per_element(scale_block: int | None) -> float:
 
 @dataclass
 class Network:
-    """What the model needs of a cluster's links: the inter-node network as measured per rank
-    of a ring (bytes/s each member sends) and its latency per hop; the intra-node link alike."""
+    """What the model needs of a cluster's links: the inter-node network as the rate each node's
+    link sends (bytes/s; the node's ranks share it) and its latency per hop; the intra-node link alike."""
     link_bytes_per_s: float
     latency_s: float = 50e-6
     intra_bytes_per_s: float = 200 * GBIT  # PCIe 4.0 x16, when not measured
