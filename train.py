@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters as dynamo_counters
 
+from commodity_bert.cli_help import show_defaults
 from commodity_bert.comm import mode as comm_mode
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
@@ -127,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "RUN/downstream.jsonl, RUN/downstream.log")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.add_config_arguments(p)
-    return p.parse_args(argv)
+    return show_defaults(p).parse_args(argv)
 
 
 class StopRequest:

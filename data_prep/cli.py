@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from commodity_bert.cli_help import show_defaults
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.vocab import VocabError
 from commodity_bert.run_dir import HF_MODEL
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("dir")
     i.add_argument("--verify", action="store_true", help="re-check schema, counts and checksums")
     i.add_argument("--json", action="store_true", help="print JSON for scripts")
-    return parser
+    return show_defaults(parser)
 
 
 def vocabulary_of(spec: str, lowercase: bool | None, scratch: Path | None) -> tuple[str, bool]:

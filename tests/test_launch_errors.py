@@ -113,6 +113,27 @@ def test_command_line_numbers_out_of_range_are_refused(args, phrase):
         check_command_line(parsed)
 
 
+@pytest.mark.parametrize("command", ["train.py", "bert-finetune", "bert-data-prep shards", "bert-ablate",
+                                     "bert-plan estimate"])
+def test_each_commands_help_names_its_defaults(command, capsys):
+    """--help says what an option is when it is not given; unset options and flags say nothing."""
+    import importlib
+    module, _, sub = command.partition(" ")
+    parse = {"train.py": lambda a: importlib.import_module("train").parse_args(a),
+             "bert-finetune": lambda a: importlib.import_module("commodity_bert.finetune.cli").build_parser().parse_args(a),
+             "bert-data-prep": lambda a: importlib.import_module("data_prep.cli").build_parser().parse_args(a),
+             "bert-ablate": lambda a: importlib.import_module("commodity_bert.ablate.cli").parse_args(a),
+             "bert-plan": lambda a: importlib.import_module("commodity_bert.plan.cli").parse_args(a)}[module]
+    with pytest.raises(SystemExit) as done:
+        parse([*sub.split(), "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    expected = {"train.py": "--log-every LOG_EVERY (default: 10)", "bert-finetune": "--seeds SEEDS [SEEDS ...] (default: 1 2 3 4 5)",
+                "bert-data-prep": "(default: 128)", "bert-ablate": "(default:", "bert-plan": "(default:"}[module]
+    assert expected in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
 @pytest.mark.parametrize("change, phrase", [
     (lambda c: c["optimizer"]["params"].update(betas=[0.9, 1.5]), 'optimizer param "betas" = [0.9, 1.5]'),
     (lambda c: c["optimizer"]["params"].update(eps=0),

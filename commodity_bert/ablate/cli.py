@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs, slurm
 from commodity_bert.ablate.record import Ablation, AblationError, downstream_file, run_downstream
+from commodity_bert.cli_help import show_defaults
 from commodity_bert.data.shard_format import atomic_write_text as atomic_write
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
@@ -76,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sbatch options for --slurm's jobs, e.g. \"--partition gpu --gpus-per-node 8 --time 4:00:00\"")
     p.add_argument("--dry-run", action="store_true", help="write the configs and commands.sh, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild results and plots from ABL's runs, run nothing")
-    args = p.parse_args(argv)
+    args = show_defaults(p).parse_args(argv)
     if bool(args.configs) == bool(args.base):
         raise AblationError("give either --configs A.json B.json ... or --base C.json --vary KEY=V1,V2")
     if args.configs and args.vary:

@@ -23,6 +23,7 @@ import os
 import sys
 from pathlib import Path
 
+from commodity_bert.cli_help import show_defaults
 from commodity_bert.finetune import qa, tagging, tasks
 from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.finetune.metrics import METRICS
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--once", action="store_true", help="probe what is there now, then exit")
     watch.add_argument("--stop-with-pid", type=int, help="exit once this process (the training) has ended "
                        "and its last export is probed")
-    return p
+    return show_defaults(p)
 
 
 def check_arguments(args) -> None:

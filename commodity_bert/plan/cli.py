@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from commodity_bert.cli_help import show_defaults
 from commodity_bert.plan.step_model import OPTIMIZERS, PlanError, recipe_rows
 
 PROG = "bert-plan"
@@ -85,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
     grid.add_argument("--plot", type=Path, help="days (and USD) against GPUs, one line per optimizer")
-    return p.parse_args(argv)
+    return show_defaults(p).parse_args(argv)
 
 
 def estimate(args) -> list[dict]:

@@ -1,0 +1,34 @@
+"""Every command's `--help` names each option's default.
+
+Written here rather than taken from argparse's ArgumentDefaultsHelpFormatter: that one prints
+"(default: None)" and "(default: False)" for unset options and flags, which say nothing, skips
+options that have no help text, and cannot be combined with a parser's own formatter class."""
+from __future__ import annotations
+
+import argparse
+
+
+
+def shown(default) -> str:
+    """A default as the command line would give it: a list's items spaced, a path as written."""
+    text = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+    return f"(default: {text})".replace("%", "%%")  # argparse %-formats help strings
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Append the default to each option's help where it is a value (not None, not a flag's
+    False), in `parser` and its subcommands; the parser, for chaining."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                show_defaults(sub)
+            continue
+        if (not action.option_strings or action.help == argparse.SUPPRESS or action.default is None
+                or action.default is False or action.default == argparse.SUPPRESS or isinstance(action, argparse._HelpAction)):
+            continue
+        if action.help and "%(default)" in action.help or "default" in (action.help or "").lower():
+            continue  # the help already says it, in its own words
+        if isinstance(action.default, (list, tuple)) and not action.default:
+            continue
+        action.help = f"{action.help.rstrip()} {shown(action.default)}" if action.help else shown(action.default)
+    return parser
