@@ -1,6 +1,6 @@
-"""The front door's links lead somewhere: every relative link in README.md, docs/, each folder's README
-and benchmarks/*.md names a file
-that exists and, where it names an anchor, a heading (or an explicit id) of that file."""
+"""The front door's links lead somewhere: every relative link in README.md, docs/, each folder's
+README and benchmarks/*.md names a file that exists and, where it names an anchor, a heading (or
+an explicit id) of that file."""
 import re
 from pathlib import Path
 
