@@ -3,8 +3,8 @@
 # domain): set up .venv → WordPiece vocabulary → stratified shards → 2-rank training with
 # DeepSpeed's launcher (validation accuracy printed as it rises) → Hugging Face export → the
 # accuracy beside the most-frequent-token baseline and fill-mask probes chosen before training.
-# About 14 minutes on 2 cores in fp32 with a warm pip cache (README). Re-running resumes / skips finished
-# parts.
+# From a fresh clone with a warm pip cache: 388 s on 2 Zen 4 cores (bf16), 852 s on 2 EPYC cores without
+# AVX-512 (fp32; docs/quickstart.md). Re-running resumes / skips finished parts.
 #   DATA_ROOT (default data/quickstart), RUN (default runs/quickstart), STEPS (default 1000),
 #   RANKS (default 2), CONFIG (default: the bf16 config where the CPU has AVX-512 BF16, else fp32),
 #   DOWNSTREAM (default 1; 0: no fine-tuning at the end), DOWNSTREAM_SEEDS (default "1": each seed
@@ -45,7 +45,7 @@ $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
 # (docs/evaluation.md, "Is my BERT any good?"). Both arms at lr 1e-3: bert-finetune --lr auto chose it for random init
 # in every measured selection on this task and for the pretrained tiny in 3 of 5 (at 3e-5 and
 # 1e-4 tiny predicts the majority class in both arms; benchmarks/RESULTS.md), and choosing again
-# costs ~2 of the quickstart's 7 minutes. DOWNSTREAM_LR=auto chooses; recipes/evaluate.sh
+# costs ~2 minutes more on 2 Zen 4 cores. DOWNSTREAM_LR=auto chooses; recipes/evaluate.sh
 # always does; DOWNSTREAM=0 skips it
 if [ "${DOWNSTREAM:-1}" != 0 ]; then
     if [ "${DOWNSTREAM_LR:-1e-3}" = auto ]; then
