@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 
 
-
 def shown(default) -> str:
     """A default as the command line would give it: a list's items spaced, a path as written."""
     text = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
@@ -23,12 +22,10 @@ def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             for sub in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
                 show_defaults(sub)
             continue
-        if (not action.option_strings or action.help == argparse.SUPPRESS or action.default is None
-                or action.default is False or action.default == argparse.SUPPRESS or isinstance(action, argparse._HelpAction)):
-            continue
-        if action.help and "%(default)" in action.help or "default" in (action.help or "").lower():
-            continue  # the help already says it, in its own words
-        if isinstance(action.default, (list, tuple)) and not action.default:
+        says_nothing = action.default is None or action.default is False or action.default == [] \
+            or action.default == argparse.SUPPRESS
+        if (not action.option_strings or says_nothing or action.help == argparse.SUPPRESS
+                or "default" in (action.help or "").lower()):  # the help already says it, in its own words
             continue
         action.help = f"{action.help.rstrip()} {shown(action.default)}" if action.help else shown(action.default)
     return parser
