@@ -6,12 +6,17 @@ total and per worker, and the peak RSS of the largest process (main or worker). 
 runs the corpus 1× and 2× with shards of the same size, to show that peak memory does not grow
 with the corpus.
 
+`--streamed` measures the peak memory of an `hf:json` input (load_dataset's json builder,
+streamed) against the same documents given as a .jsonl file, the corpus 1×, 2× and 4× with shards
+of the same size: a streamed input's memory must stay as flat as a file's.
+
 `--baseline DIR` also runs the CLI of another checkout (e.g. a git worktree of an older commit)
 on the same text, alternating with this one run by run, so that a machine whose speed drifts
 (shared CPUs) drifts for both; it prints both and the speed-up. `--input FILE` measures a text
 file of your own instead of the embedded corpus.
 
-    python benchmarks/data_prep_throughput.py [--workers 1 2] [--repeats 3] [--baseline DIR] [--input FILE] [--json OUT]
+    python benchmarks/data_prep_throughput.py [--workers 1 2] [--repeats 3] [--baseline DIR] [--input FILE]
+                                              [--streamed] [--json OUT]
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data_prep" / "resources" / "sotu.txt.xz"
 
 
-def run_once(inputs: list[Path], workers: int, extra: list[str], repo: Path = REPO) -> dict:
+def run_once(inputs: list[Path], workers: int, extra: list[str], repo: Path = REPO,
+             streamed: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ds"
-        cmd = [sys.executable, "-m", "data_prep", "shards", "--input", *map(str, inputs),
+        given = ["hf:json", "--hf-data-files", *map(str, inputs)] if streamed else list(map(str, inputs))
+        cmd = [sys.executable, "-m", "data_prep", "shards", "--input", *given,
                "--output", str(out), "--workers", str(workers), *extra]
         with open(Path(tmp) / "stderr.log", "w+") as log:
             started = time.perf_counter()
@@ -64,8 +71,42 @@ def summary(inputs, workers, runs) -> dict:
             "input_tokens": tokens}
 
 
-def measure(inputs, workers, repeats, extra) -> dict:
-    return summary(inputs, workers, [run_once(inputs, workers, extra) for _ in range(repeats)])
+def measure(inputs, workers, repeats, extra, streamed: bool = False) -> dict:
+    return summary(inputs, workers, [run_once(inputs, workers, extra, streamed=streamed) for _ in range(repeats)])
+
+
+def as_jsonl(text_file: Path, directory: Path, copies: int) -> list[Path]:
+    """The corpus as .jsonl, one document (blank-line separated) per record, in `copies` files."""
+    documents = [d for d in text_file.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    paths = []
+    for copy in range(copies):
+        path = directory / f"corpus_{copy}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({"text": d}) + "\n" for d in documents)
+        paths.append(path)
+    return paths
+
+
+def streamed_memory(args, corpus: Path, extra: list[str], machine: str) -> None:
+    workers = max(args.workers)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for copies in (1, 2, 4):
+            files = as_jsonl(corpus, Path(tmp), copies)
+            shards = extra + ["--num-shards", str(16 * copies)]
+            for streamed in (False, True):
+                rows.append(dict(measure(files, workers, args.repeats, shards, streamed),
+                                 input="hf:json" if streamed else ".jsonl files", copies=copies))
+    print(f"peak memory of bert-data-prep shards: the corpus as .jsonl files against the same files "
+          f"through --input hf:json (streamed); {workers} worker(s), 16 shards per copy; max of "
+          f"{args.repeats} runs; {machine}")
+    print(f"{'input':>12} {'copies':>6} {'text MB':>7} {'samples':>9} {'wall s':>7} {'peak RSS MB':>11}")
+    for r in rows:
+        print(f"{r['input']:>12} {r['copies']:>6} {r['text_mb']:>7.1f} {r['samples']:>9,} {r['wall_s']:>7.2f} "
+              f"{r['peak_rss_mb']:>11.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "command": " ".join(sys.argv),
+                                               "streamed": rows}, indent=1))
 
 
 def measure_against(inputs, workers, repeats, extra, baseline: Path) -> tuple[dict, dict]:
@@ -85,6 +126,8 @@ def main() -> None:
     parser.add_argument("--masking", default="static")
     parser.add_argument("--baseline", type=Path, help="a checkout to compare with, run by run")
     parser.add_argument("--input", type=Path, help="a text file instead of the embedded corpus")
+    parser.add_argument("--streamed", action="store_true",
+                        help="peak memory of hf:json against the same .jsonl files, the corpus 1×, 2×, 4×")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     extra = ["--seq-len", str(args.seq_len), "--masking", args.masking]
@@ -97,6 +140,9 @@ def main() -> None:
             corpus.write_bytes(lzma.decompress(CORPUS.read_bytes()))
         if args.baseline:
             compare(args, corpus, extra + ["--num-shards", "16"], machine)
+            return
+        if args.streamed:
+            streamed_memory(args, corpus, extra, machine)
             return
         rows = [measure([corpus], w, args.repeats, extra + ["--num-shards", "16"]) for w in args.workers]
         workers = max(args.workers)

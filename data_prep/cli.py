@@ -44,9 +44,14 @@ def _fraction(text: str) -> float:
 def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help=".txt (blank line = document boundary), .jsonl, .parquet, .gz/.bz2/.xz of "
-                        "those, directories of them, a HF dataset saved to disk, or embedded:sotu")
+                        "those, directories of them, a HF dataset saved to disk, embedded:sotu, or "
+                        "hf:NAME[:CONFIG], a Hugging Face dataset streamed by name (hf:json, hf:parquet, "
+                        "hf:text, hf:csv with --hf-data-files)")
     p.add_argument("--text-field", default="text", help="text field of .jsonl / parquet / HF datasets")
-    p.add_argument("--hf-split", default="train", help="split of a saved HF DatasetDict")
+    p.add_argument("--hf-split", default="train", help="split of a saved HF DatasetDict or of an hf:NAME input")
+    p.add_argument("--hf-data-files", nargs="+", default=[], metavar="FILE",
+                   help="local files (or globs) for hf:json, hf:parquet, hf:text or hf:csv; they form the "
+                        "train split")
     p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
                    help="lower-case and strip accents (uncased BERT; the default, or what a --vocab model "
                         "directory's tokenizer_config.json says)")
@@ -162,7 +167,7 @@ def _run_shards(args, vocab_path: str) -> None:
          "whole_word": args.whole_word, "short_seq_prob": args.short_seq_prob, "seed": args.seed,
          "num_shards": args.num_shards, "num_val_shards": args.num_val_shards,
          "val_fraction": args.val_fraction, "num_strata": args.strata,
-         "text_field": args.text_field, "hf_split": args.hf_split},
+         "text_field": args.text_field, "hf_split": args.hf_split, "hf_data_files": args.hf_data_files},
         vocab_path=vocab_path, output=args.output, workers=args.workers)
     train, val = manifest["splits"]["train"], manifest["splits"]["validation"]
     print(f"{args.output}: {train['samples']:,} training samples in {len(train['shards'])} shards, "
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "vocab":
             from data_prep.vocab_training import train_vocab
             vocab = train_vocab([_embedded(p) for p in args.input], args.output, args.vocab_size,
-                                True if args.lowercase is None else args.lowercase, args.min_frequency, args.text_field, args.hf_split)
+                                True if args.lowercase is None else args.lowercase, args.min_frequency, args.text_field, args.hf_split,
+                                args.hf_data_files)
             print(f"{args.output}: {len(vocab)} tokens, sha256 {vocab.sha256}")
             return 0
         if args.command == "shards":

@@ -4,11 +4,15 @@ more than one document in memory.
 
 Supported: .txt (blank line = document boundary), .jsonl (one document per line, `text`
 field), .parquet, either of the first two compressed as .gz/.bz2/.xz, directories of those
-(sorted, recursive), and Hugging Face datasets saved with `save_to_disk`.
+(sorted, recursive), Hugging Face datasets saved with `save_to_disk`, and `hf:NAME[:CONFIG]`:
+anything `datasets.load_dataset` takes by name, streamed (a 20 GB dump is read once, never held
+or copied whole), its builders for local files (`hf:json`, `hf:parquet`, `hf:text`, `hf:csv`)
+with `--hf-data-files`.
 """
 from __future__ import annotations
 
 import bz2
+import glob
 import gzip
 import json
 import lzma
@@ -24,17 +28,30 @@ COMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 TEXT_KINDS = (".txt", ".jsonl")
 TEXT_KIND_NAMES = ("txt", "jsonl")
 HF_DATASET_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+HF_PREFIX = "hf:"
+# load_dataset's builders for local files: without data files they would read the working directory
+HF_FILE_BUILDERS = ("json", "parquet", "text", "csv", "arrow")
 BINARY_SNIFF_BYTES = 8192
 
 
 @dataclass
 class Source:
-    path: Path
-    kind: str          # "txt", "jsonl", "parquet", "hf_dataset"
+    path: Path | None  # None for a data set named hf:NAME
+    kind: str          # "txt", "jsonl", "parquet", "hf_dataset" (save_to_disk), "hf_name" (load_dataset)
     opener: object = None
+    hf_name: str = ""
+    hf_config: str | None = None
+    data_files: tuple[str, ...] = ()
 
     def __str__(self) -> str:
-        return str(self.path)
+        return self.identity
+
+    @property
+    def identity(self) -> str:
+        """What the manifest records and a rerun compares: the resolved path, or hf:NAME[:CONFIG]."""
+        if self.kind != "hf_name":
+            return str(self.path.resolve())
+        return HF_PREFIX + self.hf_name + (f":{self.hf_config}" if self.hf_config else "")
 
 
 @dataclass
@@ -66,10 +83,40 @@ def _classify(path: Path) -> Source | None:
     return None
 
 
-def resolve_inputs(paths: list[str]) -> list[Source]:
+def _expand_data_files(patterns: list[str]) -> tuple[str, ...]:
+    """--hf-data-files as absolute paths, each pattern's matches sorted, so that the manifest
+    records (and a rerun compares) the very files read."""
+    files: list[str] = []
+    for pattern in patterns:
+        matches = sorted(Path(m) for m in glob.glob(pattern, recursive=True) if Path(m).is_file())
+        if not matches:
+            raise PrepError(f"--hf-data-files {pattern}: no such file; give existing files or a glob that "
+                            f"matches some")
+        files += [str(p.resolve()) for p in matches]
+    return tuple(files)
+
+
+def _hf_source(raw: str, data_files: tuple[str, ...]) -> Source:
+    name, _, config = raw[len(HF_PREFIX):].partition(":")
+    if not name:
+        raise PrepError(f"--input {raw}: name a data set, e.g. hf:wikimedia/wikipedia:20231101.en or "
+                        f"hf:json with --hf-data-files FILE")
+    if name in HF_FILE_BUILDERS and not data_files:
+        raise PrepError(f"--input {raw} reads local files: pass them with --hf-data-files FILE [FILE ...]")
+    return Source(None, "hf_name", hf_name=name, hf_config=config or None, data_files=data_files)
+
+
+def resolve_inputs(paths: list[str], hf_data_files: list[str] | tuple[str, ...] = ()) -> list[Source]:
     """Expand the given paths into sources, failing at once on anything unusable."""
     sources: list[Source] = []
+    if hf_data_files and not any(raw.startswith(HF_PREFIX) for raw in paths):
+        raise PrepError("--hf-data-files is for an hf:NAME input (e.g. --input hf:json --hf-data-files "
+                        "a.jsonl); give plain files to --input directly")
+    data_files = _expand_data_files(list(hf_data_files)) if hf_data_files else ()
     for raw in paths:
+        if raw.startswith(HF_PREFIX):
+            sources.append(_hf_source(raw, data_files))
+            continue
         path = Path(raw)
         if not path.exists():
             raise PrepError(f"input not found: {raw} (check the path)")
@@ -122,6 +169,8 @@ def iter_documents(sources: list[Source], skipped: SkipCounter, text_field: str 
             yield from _jsonl_documents(source, skipped, text_field)
         elif source.kind == "parquet":
             yield from _parquet_documents(source, text_field)
+        elif source.kind == "hf_name":
+            yield from _hf_streamed_documents(source, skipped, text_field, hf_split)
         else:
             yield from _hf_documents(source, text_field, hf_split)
 
@@ -208,3 +257,40 @@ def _hf_documents(source: Source, text_field: str, hf_split: str) -> Iterator[li
         for text in batch[text_field]:
             if text and (document := _text_to_document(text)):
                 yield document
+
+
+def _hf_streamed_documents(source: Source, skipped: SkipCounter, text_field: str,
+                           hf_split: str) -> Iterator[list[str]]:
+    import datasets
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors come back as our one line
+    kwargs: dict = {"data_files": list(source.data_files)} if source.data_files else {}
+    if source.hf_name == "text":
+        kwargs["sample_by"] = "paragraph"  # a blank line ends a document, as in a .txt input
+    try:
+        dataset = datasets.load_dataset(source.hf_name, source.hf_config, split=hf_split, streaming=True,
+                                        **kwargs)
+    except ConnectionError as exc:
+        raise PrepError(f"{source}: cannot reach the Hugging Face Hub ({exc}); without a network, give "
+                        f"local files: --input hf:json|hf:parquet|hf:text --hf-data-files FILE, or a "
+                        f"folder saved with save_to_disk") from exc
+    except Exception as exc:  # datasets raises many types: unknown name, config or split, bad files
+        raise PrepError(f"{source}: load_dataset failed ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); check the name, :CONFIG, "
+                        f"--hf-split and --hf-data-files") from exc
+    columns = dataset.column_names
+    if columns is not None and text_field not in columns:
+        raise PrepError(f"{source}: no column {text_field!r} (columns: {columns}); pass --text-field NAME")
+    read = 0
+    try:
+        for read, record in enumerate(dataset, 1):
+            text = record.get(text_field)
+            if not isinstance(text, str):
+                skipped.add(f"no string field {text_field!r}", f"{source} record {read}")
+            elif document := _text_to_document(text):
+                yield document
+    except ConnectionError as exc:
+        raise PrepError(f"{source}: the connection failed after {read:,} records ({exc}); run the same "
+                        f"command again (the first pass starts over)") from exc
+    except (ValueError, OSError) as exc:  # a malformed data file
+        raise PrepError(f"{source}: reading failed after {read:,} records ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}); fix or remove the file") from exc

@@ -39,7 +39,7 @@ from commodity_bert.data.masking import mask_rows
 from commodity_bert.data.vocab import Vocab
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
-from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs
+from data_prep.inputs import HF_PREFIX, SkipCounter, iter_documents, resolve_inputs
 from data_prep.instances import (InstanceSpec, TokenPool, instance_rng, nsp_instances, packed_instances,
                                  token_rows)
 from data_prep.sentences import document_sentences
@@ -74,6 +74,7 @@ class PrepConfig:
     num_strata: int
     text_field: str
     hf_split: str
+    hf_data_files: tuple[str, ...] = ()
 
     @property
     def static(self) -> bool:
@@ -82,6 +83,9 @@ class PrepConfig:
     def to_json(self) -> dict:
         d = dict(self.__dict__)
         d["inputs"] = list(self.inputs)
+        d["hf_data_files"] = list(self.hf_data_files)
+        if not self.hf_data_files:  # so that data made before hf: inputs still compares equal
+            del d["hf_data_files"]
         return d
 
 
@@ -348,9 +352,22 @@ def _split_summary(cfg: PrepConfig, split: str, scatter: dict, shards: list[dict
     }
 
 
+def describe_sources(cfg: PrepConfig) -> list[dict]:
+    """What the inputs were, for the record (a model card names its data by these): a file's size
+    and sha256; a directory's (a `save_to_disk` data set) sha256 of its files' names and sha256s;
+    an hf:NAME input's data files each, or, for a data set on the Hub, its name and split alone."""
+    described = []
+    for source in cfg.inputs:
+        if not source.startswith(HF_PREFIX):
+            described.append(describe_source(source))
+        elif cfg.hf_data_files:
+            described += [dict(describe_source(f), dataset=source) for f in cfg.hf_data_files]
+        else:
+            described.append({"path": source, "split": cfg.hf_split, "bytes": None, "sha256": None})
+    return described
+
+
 def describe_source(path: str) -> dict:
-    """What an input was, for the record (a model card names its data by these): its size and
-    sha256; for a directory (a `save_to_disk` data set), the sha256 of its files' names and sha256s."""
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file())
@@ -376,7 +393,7 @@ def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -
         "num_strata": cfg.num_strata,
         "strata_bounds": fmt.strata_bounds(cfg.seq_len, cfg.num_strata),
         "input": {"documents": sum(scatter["documents"].values()), "tokens": scatter["tokens_in"]},
-        "sources": [describe_source(path) for path in cfg.inputs],
+        "sources": describe_sources(cfg),
         "skipped_lines": scatter["skipped"],
         "splits": {s: _split_summary(cfg, s, scatter, shards[s]) for s in SPLITS},
     }
@@ -414,9 +431,9 @@ def _check_output_dir(out: Path, cfg: PrepConfig) -> None:
 
 def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> dict:
     vocab = Vocab.load(vocab_path)
-    sources = resolve_inputs(cfg_kwargs.pop("inputs"))
-    cfg = PrepConfig(inputs=tuple(str(s.path.resolve()) for s in sources),
-                     vocab_sha256=vocab.sha256, **cfg_kwargs)
+    sources = resolve_inputs(cfg_kwargs.pop("inputs"), cfg_kwargs.pop("hf_data_files", ()))
+    cfg = PrepConfig(inputs=tuple(s.identity for s in sources), vocab_sha256=vocab.sha256,
+                     hf_data_files=next((s.data_files for s in sources if s.data_files), ()), **cfg_kwargs)
     out = Path(output)
     _check_output_dir(out, cfg)
     manifest_path = out / fmt.MANIFEST_NAME

@@ -13,8 +13,9 @@ from data_prep.wordpiece_trainer import count_words, train_wordpiece
 
 
 def train_vocab(inputs: list[str], output: str, vocab_size: int, lowercase: bool,
-                min_frequency: int = 2, text_field: str = "text", hf_split: str = "train") -> Vocab:
-    sources = resolve_inputs(inputs)
+                min_frequency: int = 2, text_field: str = "text", hf_split: str = "train",
+                hf_data_files: list[str] | None = None) -> Vocab:
+    sources = resolve_inputs(inputs, hf_data_files or ())
     out = Path(output)
     if out.is_dir():
         raise PrepError(f"--output {output} is a directory; give the vocab file's path, e.g. {out / 'vocab.txt'}")

@@ -215,3 +215,57 @@ def test_short_documents_spread_over_all_strata(tmp_path):
     assert min(shares) > 0.02, shares  # a real mix, unlike whole speeches
     assert_stratified(out)
     assert_stratified(out, "validation")
+
+
+def test_hf_inputs_by_name_stream_the_same_shards_as_the_files(tmp_path, sotu_text, monkeypatch):
+    """hf:json, hf:parquet and hf:text (load_dataset's builders, streamed) give the very shards the
+    same text gives as a file; in process, offline."""
+    import datasets
+
+    from data_prep.cli import main
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    docs = [d for d in first_documents(sotu_text, 300_000).split("\n\n") if d.strip()]
+    (tmp_path / "docs.txt").write_text("\n\n".join(docs) + "\n")
+    with open(tmp_path / "docs.jsonl", "w") as fh:
+        fh.writelines(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs))
+    datasets.Dataset.from_dict({"text": docs}).to_parquet(str(tmp_path / "docs.parquet"))
+    common = ["--workers", "1", "--num-shards", "2", "--dupe-factor", "1", "--val-fraction", "0.05"]
+    made = {}
+    for name, inputs in {"file": ["--input", tmp_path / "docs.jsonl"],
+                         "json": ["--input", "hf:json", "--hf-data-files", tmp_path / "docs.jsonl"],
+                         "parquet": ["--input", "hf:parquet", "--hf-data-files", tmp_path / "*.parquet"],
+                         "text": ["--input", "hf:text", "--hf-data-files", tmp_path / "docs.txt"]}.items():
+        assert main(["shards", *map(str, inputs), "--output", str(tmp_path / name), *common]) == 0
+        made[name] = shard_checksums(tmp_path / name)
+    assert len(made["file"]) == 3 and all(m == made["file"] for m in made.values()), made
+    manifest = load_manifest(tmp_path / "parquet")
+    assert manifest["args"]["inputs"] == ["hf:parquet"]
+    assert manifest["sources"] == [{"path": str(tmp_path / "docs.parquet"), "dataset": "hf:parquet",
+                                    "bytes": (tmp_path / "docs.parquet").stat().st_size,
+                                    "sha256": fmt.sha256_file(tmp_path / "docs.parquet")}]
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["validation"]["documents"] == len(docs)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--input", "hf:json"], "reads local files: pass them with --hf-data-files"),
+    (["--input", "hf:json", "--hf-data-files", "{tmp}/none*.jsonl"], "no such file"),
+    (["--input", "{tmp}/a.jsonl", "--hf-data-files", "{tmp}/a.jsonl"], "is for an hf:NAME input"),
+    (["--input", "hf:json", "--hf-data-files", "{tmp}/a.jsonl", "--text-field", "body"], "no column 'body'"),
+    (["--input", "hf:json", "--hf-data-files", "{tmp}/a.jsonl", "--hf-split", "test"], "Bad split: test"),
+    (["--input", "hf:parquet", "--hf-data-files", "{tmp}/a.jsonl"], "load_dataset failed"),
+    (["--input", "hf:wikimedia/wikipedia:20231101.en"], "cannot reach the Hugging Face Hub"),
+])
+def test_bad_hf_inputs_get_one_line(tmp_path, capsys, monkeypatch, args, words):
+    import datasets
+    import huggingface_hub
+
+    from data_prep.cli import main
+    # as on a machine without a network, at once (the libraries read the variable when imported)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "One sentence. And another one."}) + "\n")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["shards", *args, "--output", str(tmp_path / "out"), "--workers", "1"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("bert-data-prep: error: ") and words in lines[0], lines
+    assert not (tmp_path / "out").exists()

@@ -152,6 +152,9 @@ def test_a_job_out_of_time_checkpoints_exits_0_and_its_requeued_run_goes_on(out_
     log, run, step = out_of_time["log"], out_of_time["run"], out_of_time["stopped"]
     assert f"stopped at step {step} (signal), before the end: requeueing job {out_of_time['job']}" in log, log[-3000:]
     assert "DUE TO TIME LIMIT" not in log                            # stopped by the signal, not killed at the limit
+    # the nodes have 1 CPU each: the job says its rank and loader share it, and what to ask for
+    assert "warning: 1 CPU(s) a node for 1 rank(s) and their 1 loader processes each: they share cores; " \
+           "submit with --cpus-per-task 2 or more" in log
     assert out_of_time["fields"]["Restarts"] == "1"
     assert resumed_at(log, run) == [step]
     steps = [r["step"] for r in rows(run)]

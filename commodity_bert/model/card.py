@@ -167,7 +167,10 @@ def card_text(run_dir: Path) -> str:
     ]
     sources = manifest.get("sources")
     if sources:
-        lines += [f"| `{s['path']}` | {s['bytes']:,} | `{s['sha256']}` |" for s in sources]
+        for s in sources:
+            size = "?" if s.get("bytes") is None else f"{s['bytes']:,}"
+            digest = "not recorded (streamed from the Hub)" if s.get("sha256") is None else f"`{s['sha256']}`"
+            lines.append(f"| `{s['path']}` | {size} | {digest} |")
     else:
         inputs = json.loads(manifest["args"]).get("inputs", []) if isinstance(manifest.get("args"), str) else \
             (manifest.get("args") or {}).get("inputs", [])
