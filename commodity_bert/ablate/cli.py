@@ -74,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slurm", action="store_true", help="submit the unfinished runs as a Slurm job array (each "
                    "through recipes/slurm/pretrain.sbatch) and the report as a job after it, then return")
     p.add_argument("--sbatch-args", default="", metavar="ARGS",
-                   help="sbatch options for --slurm's jobs, e.g. \"--partition gpu --gpus-per-node 8 --time 4:00:00\"")
+                   help="sbatch options for --slurm's jobs, e.g. \"--partition gpu --gpus-per-node 8 --cpus-per-task 32 --time 4:00:00\"")
     p.add_argument("--dry-run", action="store_true", help="write the configs and commands.sh, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild results and plots from ABL's runs, run nothing")
     args = show_defaults(p).parse_args(argv)

@@ -3,7 +3,7 @@
 # weights once phase 1 has finished (--dependency=afterok, which waits through phase 1's requeues:
 # a requeued job has not ended). The arguments are sbatch's, for both jobs:
 #   DATA1=data/pretrain/seq128 DATA2=data/pretrain/seq512 bash recipes/slurm/pretrain_phases.sh \
-#       --nodes 4 --gpus-per-node 8 --time 24:00:00
+#       --nodes 4 --gpus-per-node 8 --cpus-per-task 32 --time 24:00:00
 # Environment: DATA1, DATA2 (required); MODEL (base); RUN1, RUN2 (runs/${MODEL}_phase1, _phase2);
 # CONFIG1, CONFIG2 (ds_configs/bert_${MODEL}_phase{1,2}_lamb_fp16.json); EXTRA1, EXTRA2 (train.py flags);
 # and what recipes/slurm/pretrain.sbatch reads (BERT_LAUNCH, MASTER_PORT, RANKS_PER_NODE).
