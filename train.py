@@ -86,7 +86,7 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="dataset directory made by bert-data-prep shards")
     p.add_argument("--model", default="base", help="tiny | mini | base | large | a BertConfig JSON")
@@ -128,7 +128,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "RUN/downstream.jsonl, RUN/downstream.log")
     p.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.add_config_arguments(p)
-    return show_defaults(p).parse_args(argv)
+    return show_defaults(p)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 class StopRequest:

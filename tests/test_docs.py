@@ -1,6 +1,8 @@
-"""The front door's links lead somewhere: every relative link in README.md, docs/, each folder's
-README and benchmarks/*.md names a file that exists and, where it names an anchor, a heading (or
-an explicit id) of that file."""
+"""The front door holds: every relative link in README.md, docs/, each folder's README and
+benchmarks/*.md names a file that exists and, where it names an anchor, a heading (or an explicit
+id) of that file; every command of the README's and docs' bash blocks parses with its own CLI's
+parser; and every --flag a --help names exists."""
+import contextlib
 import re
 from pathlib import Path
 
@@ -40,3 +42,153 @@ def test_every_link_and_anchor_in_the_readme_and_docs_resolves():
             elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
+
+
+# ---------------------------------------------------------------- the recipe's commands parse
+
+COMMAND_PAGES = ("README.md", *[str(p.relative_to(REPO)) for p in sorted((REPO / "docs").glob("*.md"))])
+# read by Slurm, the collectives' libraries or the shell, not by the repository's scripts
+OUTSIDE_VARIABLES = {"PATH", "SLURM_CONF", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_ENV_FILE",
+                     "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+SHELL_ONLY = {"source", "squeue", "scontrol", "cd", "srun", "tail"}  # not ours, nothing to parse
+
+
+def shell_commands(markdown: str) -> list[list[str]]:
+    """Each command of the page's ```bash blocks as words: continuation lines joined, comments
+    and blank lines dropped."""
+    import shlex
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words:
+                cut = words.index("&&") if "&&" in words else len(words)
+                commands.append(words[:cut])
+                words = words[cut + 1:]
+    return commands
+
+
+def parse_or_run(words: list[str], capsys) -> str:
+    """The command through its own CLI's parser (bert-plan estimate: run, it is cheap); the
+    problem in one line, or "" when it parses."""
+    import importlib
+    env = {}
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    while words[:1] == ["sudo"] or words[:3] == ["ip", "netns", "exec"] or words[:1] == ["env"]:
+        words = words[1:] if words[0] in ("sudo", "env") else words[4:]  # ip netns exec NAMESPACE
+        while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+    program, args = words[0], words[1:]
+    if program in SHELL_ONLY or (program.endswith("python") and args[:2] == ["-m", "pytest"]):
+        return ""
+    missing = [v for v in [*env.values(), *args] if v.startswith(("ds_configs/", "recipes/", "tools/", "benchmarks/"))
+               and not any(c in v for c in "*{$") and not (REPO / v).is_file()]
+    if missing:
+        return f"no such file {missing}"
+    if program in ("python", "python3", ".venv/bin/python") or any(a == "..." or "$" in a for a in args):
+        return ""  # a script of the repository (it exists), or a line with placeholders: not parsed
+    if program == "bash" or program == "sbatch":
+        script = next((REPO / a for a in args if a.endswith((".sh", ".sbatch"))), None)
+        if script is None or not script.is_file():
+            return f"no script in {args}"
+        texts = script.read_text() + (REPO / "recipes/slurm/pretrain.sbatch").read_text()
+        unread = [name for name in env if name not in OUTSIDE_VARIABLES and not re.search(rf"\b{name}\b", texts)]
+        return f"{script.name} reads no {unread}" if unread else ""
+    try:
+        if program == "bert-data-prep":
+            importlib.import_module("data_prep.cli").build_parser().parse_args(args)
+        elif program == "bert-finetune":
+            importlib.import_module("commodity_bert.finetune.cli").build_parser().parse_args(args)
+        elif program == "bert-ablate":
+            importlib.import_module("commodity_bert.ablate.cli").parse_args(args)
+        elif program == "bert-plan" and args[0] == "estimate" and "--profile" not in args:
+            status = importlib.import_module("commodity_bert.plan.cli").main(args)
+            out = capsys.readouterr().out
+            return "" if status == 0 and "days" in out else f"exit {status}: {out[-300:]}"
+        elif program == "bert-plan":
+            importlib.import_module("commodity_bert.plan.cli").parse_args(args)
+        elif program in ("bert-launch", "deepspeed"):
+            launcher = importlib.import_module("commodity_bert.launch.launcher")
+            _, ds_argv = launcher.split_argv(args)
+            parsed = launcher.parse_deepspeed_args(ds_argv)
+            if parsed.user_script == "train.py":
+                importlib.import_module("train").parse_args(parsed.user_args)
+            elif parsed.module:
+                importlib.import_module("commodity_bert.plan.cli").parse_args(parsed.user_args)
+        else:
+            return f"a command the test does not know: {program} (add it to parse_or_run)"
+    except importlib.import_module("commodity_bert.launch.launcher").UsageError as error:
+        return f"refused by DeepSpeed's parser: {error}"
+    except SystemExit as exit:
+        return f"refused by its parser (exit {exit.code}): {capsys.readouterr().err.strip().splitlines()[-1:]}"
+    return ""
+
+
+def test_the_recipe_pages_commands_parse_with_their_own_clis(capsys):
+    problems, checked = [], 0
+    for page in COMMAND_PAGES:
+        for words in shell_commands((REPO / page).read_text(encoding="utf-8")):
+            checked += 1
+            problem = parse_or_run(list(words), capsys)
+            if problem:
+                problems.append(f"{page}: {' '.join(words)[:120]}: {problem}")
+    assert checked >= 20
+    assert not problems, "\n".join(problems)
+
+
+def options_of(parser) -> tuple[set[str], list[str]]:
+    """A parser's options and its help texts (description, epilog, each option's), subcommands too."""
+    import argparse
+    options, texts = set(), [parser.description or "", parser.epilog or ""]
+    for action in parser._actions:
+        options.update(action.option_strings)
+        if action.help and action.help != argparse.SUPPRESS:
+            texts.append(action.help)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub_options, sub_texts = options_of(sub)
+                options |= sub_options
+                texts += sub_texts
+    return options, texts
+
+
+def deepspeed_parser(runner, monkeypatch):
+    """The parser DeepSpeed's runner builds inside its parse_args, caught as it parses."""
+    import argparse
+    caught = []
+
+    def catch(self, args=None, namespace=None):
+        caught.append(self)
+        raise SystemExit(0)
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", catch)
+        with contextlib.suppress(SystemExit):
+            runner.parse_args(["train.py"])
+    return caught[0]
+
+
+def test_help_texts_name_only_options_that_exist(monkeypatch):
+    """Each --flag a CLI's --help names is an option of one of the project's CLIs, of DeepSpeed's
+    launcher or of sbatch (help texts point at each other's options), so a renamed or removed
+    option cannot live on in another's help."""
+    import importlib
+
+    from commodity_bert.launch.launcher import deepspeed_runner
+    parsers = {"train.py": importlib.import_module("train").build_parser(),
+               "bert-data-prep": importlib.import_module("data_prep.cli").build_parser(),
+               "bert-finetune": importlib.import_module("commodity_bert.finetune.cli").build_parser(),
+               "bert-ablate": importlib.import_module("commodity_bert.ablate.cli").build_parser(),
+               "bert-plan": importlib.import_module("commodity_bert.plan.cli").build_parser()}
+    known = {"--stop_grace", "--partition", "--time", "--cpus-per-task", "--array"}  # bert-launch's own, sbatch's
+    known |= options_of(deepspeed_parser(deepspeed_runner(), monkeypatch))[0]
+    for parser in parsers.values():
+        known |= options_of(parser)[0]
+    unknown = []
+    for name, parser in parsers.items():
+        for text in options_of(parser)[1]:
+            unknown += [f"{name}: {flag} in {text[:80]!r}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", text)
+                        if flag not in known]
+    assert not unknown, "\n".join(unknown)

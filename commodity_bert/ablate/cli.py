@@ -39,7 +39,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise AblationError(message)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="bert-ablate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_argument_group("the variants (one of)")
     which.add_argument("--configs", type=Path, nargs="+", metavar="JSON", help="whole DeepSpeed configs, one variant each")
@@ -77,7 +77,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="sbatch options for --slurm's jobs, e.g. \"--partition gpu --gpus-per-node 8 --cpus-per-task 32 --time 4:00:00\"")
     p.add_argument("--dry-run", action="store_true", help="write the configs and commands.sh, run nothing")
     p.add_argument("--report-only", action="store_true", help="rebuild results and plots from ABL's runs, run nothing")
-    args = show_defaults(p).parse_args(argv)
+    return show_defaults(p)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
     if bool(args.configs) == bool(args.base):
         raise AblationError("give either --configs A.json B.json ... or --base C.json --vary KEY=V1,V2")
     if args.configs and args.vary:

@@ -33,7 +33,7 @@ class OneLineParser(argparse.ArgumentParser):
         raise PlanError(f"{message} (see {self.prog} --help)")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # DeepSpeed's launcher puts --local_rank=N before the subcommand
     p.add_argument("--local_rank", "--local-rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -86,7 +86,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
     grid.add_argument("--plot", type=Path, help="days (and USD) against GPUs, one line per optimizer")
-    return show_defaults(p).parse_args(argv)
+    return show_defaults(p)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def estimate(args) -> list[dict]:
