@@ -19,7 +19,6 @@ import resource
 import signal
 import socket
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -58,7 +57,7 @@ from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint, downstream_watcher
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
-from commodity_bert.train.failures import lost_peer_line
+from commodity_bert.train import failures
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,
@@ -441,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
     one process, as a lent GPU's minutes cannot pay a launch per check)."""
     args = parse_args(argv)
     run_dir = Path(args.output_dir)
+    failures.keep_tracebacks_in(run_dir / "errors")
     device = join_the_ranks(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     inputs = check_inputs(args, device)
@@ -603,13 +603,21 @@ if __name__ == "__main__":
         # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a
         # rank, paid by every launch; frozen, the collector skips them (0.15 s).
         gc.freeze()
-    except Exception as exc:  # noqa: BLE001 - any failure: one line for a lost peer, else the traceback
+    except Exception as exc:  # noqa: BLE001 - any failure: one line, from this rank or naming another
         # A collective that failed (a peer died) must end this rank now: a normal exit would
         # join the data-loader workers, which wait on their queues for ever.
-        line = lost_peer_line(exc, os.environ.get("RANK", "?"), socket.gethostname())
-        if line:
-            print(line, file=sys.stderr)
-        else:
-            traceback.print_exc()
+        rank, host = os.environ.get("RANK", "?"), socket.gethostname()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        line = failures.lost_peer_line(exc, rank, host)
+        if line is not None and rank.isdigit():  # did the peer leave a line? (failures.tell_the_others)
+            named = failures.peer_error_line(int(rank), host, world)
+            line = line if named is None else named
+        if line is None:  # this rank's own error: its line, told to the others
+            line = failures.crash_line(exc, rank, host)
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            failures.tell_the_others(line, int(rank) if rank.isdigit() else -1, world)
+        elif line:
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
         os._exit(1)

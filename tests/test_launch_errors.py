@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from conftest import CPU_CONFIG, REPO, launch_cmd
@@ -230,6 +231,38 @@ def test_a_rank_that_stops_on_an_error_mid_run_is_named_by_the_others(tmp_path, 
     assert "Traceback" not in err and "lost a peer" not in err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps and max(steps) < 300 and not (run / "hf_model").exists()  # stopped, nothing exported
+
+
+def test_any_error_on_rank_0_is_its_own_line_and_the_others_name_it(tmp_path, train_data):
+    """A fault no check knows, met by rank 0 mid-run: the process runs out of file descriptors
+    (its limit lowered from outside, as a site's ulimit would), and its data loader raises. Rank 0
+    says its line (the exception, and the file holding its traceback), and rank 1, whose collective
+    then fails, names rank 0 and quotes it, read from the process group's store that rank 0 serves:
+    no "lost a peer", no traceback on the terminal, status 1, nothing saved."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(launch_cmd(2, "--deepspeed_config", CPU_CONFIG, *TINY, "--data", train_data, "--output-dir",
+                                       run, "--max-steps", 300, "--log-every", 1, "--save-every", 100),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    launcher = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    [rank0] = [pid for pid in launcher if "--local_rank=0" in Path(f"/proc/{pid}/cmdline").read_text()]
+    # one descriptor to spare: the metrics file's open and close still fit, a batch's tensors do not
+    open_now = len(os.listdir(f"/proc/{rank0}/fd"))
+    subprocess.run(["prlimit", f"--pid={rank0}", f"--nofile={open_now + 1}"], check=True)
+    out, err = proc.communicate(timeout=240)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 1, (out[-2000:], err[-3000:])
+    assert len(lines) == 2, err[-3000:]
+    own, named = sorted(lines, key=lambda line: "because" in line)
+    assert own.startswith("train.py: error: rank 0 on ") and "RuntimeError: Too many open files" in own, own
+    traceback_file = Path(own.split("traceback in ", 1)[1].split(";", 1)[0])
+    assert traceback_file.parent == run / "errors" and "Traceback (most recent call last)" in traceback_file.read_text()
+    assert named.startswith("train.py: error: rank 1 on ") and "stopped because rank 0 did (its line: " in named
+    assert own.removeprefix("train.py: error: ") in named
+    assert not (run / "checkpoints").exists() and not (run / "hf_model").exists()
 
 
 def test_a_shard_that_fails_mid_run_is_held_and_the_last_batch_stands_in():

@@ -7,6 +7,8 @@ through DeepSpeed's and torch's wrappers down to gloo's source file, once on eve
 rank, and says nothing a user can act on; this line says what happened and what to do."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 
 # what torch's backends say when the other end of a collective went away
@@ -35,3 +37,137 @@ def lost_peer_line(exc: BaseException, rank: str, host: str) -> str | None:
     return (f"train.py: error: rank {rank} on {host} lost a peer ({what}): another rank's process or its node "
             f"stopped (that rank's own log says why, if it could write one); relaunch the same command, or "
             f"requeue the job, to go on from the last checkpoint (--resume auto)")
+
+
+# ------------------------------------------------------- any other error: one line, named by the others
+#
+# An error the loop knows (a shard changed on disk, the metrics file) is held and travels with the
+# next decision's allreduce (bookkeeping.hold_error). Any other exception (a bug, an out-of-memory,
+# a library's error) leaves its rank mid-step, where no collective can carry it: the rank writes
+# its traceback to a file of its own, says its line, and leaves the line in the process group's
+# key-value store (the TCPStore of torch.distributed's rendezvous, served by rank 0's process and
+# reached over the network, so nodes need share no directory); the others, whose next collective
+# then fails for want of that rank, read it there and the first of them names the rank.
+
+ERROR_KEY = "commodity_bert/error/{rank}"
+SEEN_KEY = "commodity_bert/error_seen"
+NAMED_KEY = "commodity_bert/error_named"
+STORE_WAIT_S = 5.0     # for a store call: a dead store must not hold a rank that is ending
+LINGER_S = 20.0        # rank 0 serves the store: it stays this long for the others to read it
+_errors_dir: list = [None]
+
+
+def keep_tracebacks_in(directory) -> None:
+    """Where a rank's traceback goes (RUN/errors); until main() says, the system's temp dir."""
+    _errors_dir[0] = directory
+
+
+def _within(seconds: float, call):
+    """call() in a thread given `seconds`; None if it raised or did not return in time."""
+    import threading
+    result: list = [None]
+
+    def run():
+        with contextlib.suppress(Exception):
+            result[0] = call()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return result[0]
+
+
+def _store():
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    with contextlib.suppress(Exception):
+        return dist.distributed_c10d._get_default_store()
+    return None
+
+
+def crash_line(exc: BaseException, rank: str, host: str) -> str:
+    """The failing rank's own line; its traceback goes to a file named in it."""
+    import tempfile
+    import traceback
+    from pathlib import Path
+    directory = Path(_errors_dir[0]) if _errors_dir[0] else Path(tempfile.gettempdir())
+    path = directory / f"rank{rank}_{host}_{os.getpid()}.traceback.txt"
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    where = ""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        where = f"; traceback in {path}"
+    except OSError as write_error:
+        where = f"; its traceback could not be written to {path} ({write_error.strerror})"
+    message = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (f"train.py: error: rank {rank} on {host} stopped: {type(exc).__name__}"
+            f"{': ' + message if message else ''}{where}; nothing was saved after it: fix the cause, then "
+            f"relaunch the same command, or requeue the job, to go on from the last checkpoint (--resume auto)")
+
+
+def tell_the_others(line: str, rank: int, world: int) -> None:
+    """Leave this rank's line where the others will look for it. Rank 0 serves the store, so it
+    closes its connections (the others' collectives fail at once) and stays until they have read
+    it, or LINGER_S; any other rank's exit closes its own."""
+    store = _store()
+    if store is None or world < 2:
+        return
+    if _within(STORE_WAIT_S, lambda: store.set(ERROR_KEY.format(rank=rank), line) or True) is None:
+        return
+    if rank != 0:
+        return
+    import time
+    _close_connections_but_the_store()
+    deadline = time.monotonic() + LINGER_S
+    while time.monotonic() < deadline:
+        seen = _within(STORE_WAIT_S, lambda: store.add(SEEN_KEY, 0))
+        if seen is None or seen >= world - 1:
+            return
+        time.sleep(0.1)
+
+
+def _close_connections_but_the_store() -> None:
+    """Shut down this process's TCP connections (the collectives' pairs) but the store's (those to
+    or from MASTER_PORT): the others' collectives fail at once, and the store still serves them.
+    Destroying the process group does not do it: it closes the pairs only once nothing refers to
+    them, and DeepSpeed and the communication mode keep groups of their own."""
+    import socket
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            # the socket object wraps the descriptor itself (no dup: a rank out of descriptors is
+            # one this must work for) and lets go of it unclosed
+            connection = socket.socket(fileno=fd)
+            try:
+                if connection.family in (socket.AF_INET, socket.AF_INET6) and connection.type == socket.SOCK_STREAM \
+                        and store_port not in (connection.getsockname()[1], connection.getpeername()[1]):
+                    connection.shutdown(socket.SHUT_RDWR)
+            finally:
+                connection.detach()
+
+
+def peer_error_line(rank: int, host: str, world: int) -> str | None:
+    """For a rank whose collective failed: the line of the rank that stopped with an error, for
+    the first of the others to say ("" for the rest); None when no rank left one (a peer that was
+    killed or whose node died: the lost-peer line then)."""
+    store = _store()
+    if store is None:
+        return None
+
+    def look():
+        for other in range(world):
+            key = ERROR_KEY.format(rank=other)
+            if other != rank and store.check([key]):
+                return other, store.get(key).decode(errors="replace")
+        return None
+    found = _within(STORE_WAIT_S, look)
+    if found is None:
+        return None
+    other, line = found
+    first = _within(STORE_WAIT_S, lambda: store.add(NAMED_KEY, 1)) == 1
+    _within(STORE_WAIT_S, lambda: store.add(SEEN_KEY, 1))
+    if not first:
+        return ""
+    quoted = line.removeprefix("train.py: error: ")
+    return (f"train.py: error: rank {rank} on {host} stopped because rank {other} did (its line: {quoted})")
