@@ -304,6 +304,23 @@ def check_inputs(args, device: torch.device) -> Inputs:
                   batches, val_batches, max_steps)
 
 
+def intact_weights_to_start_from(directory: Path) -> str:
+    """--init-from a checkpoint directory: the newest checkpoint whose weights its digest vouches
+    for (the directory is another run's: read, never changed), the same on every rank, said in one
+    line when it is not the newest."""
+    tag, line = checkpoint.newest_intact_weights(directory)
+    views = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (socket.gethostname(), tag, line))
+    if none := [found_line for _, found, found_line in views if found is None]:
+        fail(f"--init-from {directory}: {none[0]}")
+    if len({view[1] for view in views}) > 1:
+        fail(f"--init-from {directory}: the ranks find different checkpoints intact "
+             f"({', '.join(f'{host}: {found}' for host, found, _ in views)}); copy the same checkpoints to every node")
+    if line:
+        say(f"--init-from: {line}")
+    return tag
+
+
 def pretraining_model(args, inputs: Inputs, resuming: bool):
     """The HF BERT to train (from --init-from's weights where given), its config, and the
     checkpoint --init-from names instead, if it does. A resumed run takes its weights from its
@@ -320,7 +337,7 @@ def pretraining_model(args, inputs: Inputs, resuming: bool):
                 check_vocabulary_against_source(data, where)  # before loading: a refusal costs no load
                 weights = where
             elif not resuming:
-                init_checkpoint = where
+                init_checkpoint = where, intact_weights_to_start_from(where)
         except LaunchError as exc:
             fail(str(exc))
     try:
@@ -462,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     if resume_tag is not None:
         samples, clocks = resume(args, engine, mode, batches, resume_dir, resume_tag, data)
     elif init_checkpoint is not None:
-        checkpoint.load(engine, init_checkpoint, weights_only=True)
+        checkpoint.load(engine, *init_checkpoint, weights_only=True)
     say(*mode.ready())
 
     def export() -> None:

@@ -255,12 +255,39 @@ def test_bad_inputs_get_one_line_and_exit_2(tmp_path, small, run30, capsys):
     assert not list(tmp_path.glob("*.json"))  # nothing written
 
 
+def flip_a_byte(path, at=0.5):
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_intact_one(tmp_path, run30, capsys):
+    """--model RUN takes the newest checkpoint its digest vouches for, says so in one line and
+    changes nothing of the run; a damaged step_N given by name is refused in one line. A byte
+    flipped inside a tensor leaves a file torch still loads: only the digest tells."""
+    from commodity_bert.finetune import models
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(run30 / "run_config.json", run)
+    shutil.copytree(run30 / "checkpoints", run / "checkpoints")
+    damaged = run / "checkpoints" / "step_00000030"
+    flip_a_byte(damaged / "mp_rank_00_model_states.pt")
+    assert models.load(run).provenance["step"] == 20
+    assert capsys.readouterr().err.strip() == (
+        f"bert-finetune: warning: checkpoint {damaged} is damaged (mp_rank_00_model_states.pt is not the file "
+        f"written (its SHA-256 differs)): using step_00000020, the newest intact one")
+    with pytest.raises(models.ModelError, match=r"step_00000030: a damaged checkpoint \(mp_rank_00_model_states.pt is"):
+        models.load(damaged)
+    assert (run / "checkpoints" / "latest").read_text() == "step_00000030"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000020", "step_00000030"]
+
+
 # ---- probing a run while it trains
 
 @pytest.mark.slow
 def test_watch_probes_each_new_checkpoint_and_logs_a_failed_one(tmp_path, small, run30):
     """A run whose checkpoints appear one by one while the watcher polls: step 20, a damaged
-    step 25 (logged, skipped), step 30, then the run's end (summary and export)."""
+    step 25 (its digest says so: one line, skipped), step 30, then the run's end (summary and export)."""
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(run30 / "run_config.json", run)
@@ -269,9 +296,9 @@ def test_watch_probes_each_new_checkpoint_and_logs_a_failed_one(tmp_path, small,
 
     def publish(step, damaged=False):
         tag = f"step_{step:08d}"
-        if damaged:
-            (run / "checkpoints" / tag).mkdir()
-            (run / "checkpoints" / tag / "mp_rank_00_model_states.pt").write_bytes(b"cut short")
+        if damaged:  # step 30's files under another name, a byte of its weights flipped
+            shutil.copytree(run30 / "checkpoints" / "step_00000030", run / "checkpoints" / tag)
+            flip_a_byte(run / "checkpoints" / tag / "mp_rank_00_model_states.pt")
         else:
             shutil.copytree(run30 / "checkpoints" / tag, run / "checkpoints" / tag)
         (run / "checkpoints" / "latest").write_text(tag)
@@ -301,7 +328,9 @@ def test_watch_probes_each_new_checkpoint_and_logs_a_failed_one(tmp_path, small,
     try:
         wait_for(lambda: len(rows()) == 1, "the row of step 20")
         publish(25, damaged=True)
-        wait_for(lambda: "step 25 (checkpoint) failed" in log.read_text(), "step 25 to be logged as failed")
+        wait_for(lambda: "step 25 (checkpoint) skipped: --watch " in log.read_text(), "step 25 to be skipped")
+        assert "a damaged checkpoint (mp_rank_00_model_states.pt is not the file written" in log.read_text()
+        assert "Traceback" not in log.read_text()
         publish(30)
         wait_for(lambda: len(rows()) == 2, "the row of step 30")
         shutil.copytree(tmp_path / "later_export", run / "hf_model")

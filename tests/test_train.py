@@ -1,6 +1,7 @@
 """train.py through DeepSpeed's launcher: real gloo ranks on this machine."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -193,6 +194,20 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
     train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", run30)
     fresh = rows(run30)[0]["loss"]  # first 5 steps from random weights
     assert rows(run)[0]["loss"] < fresh - 0.1
+
+
+def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_changes_nothing(tmp_path, data, run30):
+    source = tmp_path / "source"
+    shutil.copytree(run30 / "checkpoints", source)
+    model = source / "step_00000030" / "mp_rank_00_model_states.pt"
+    raw = bytearray(model.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    model.write_bytes(bytes(raw))
+    out = train(1, *COMMON, "--data", data, "--output-dir", tmp_path / "run", "--max-steps", 1,
+                "--init-from", source).stdout
+    assert (f"--init-from: checkpoint {source / 'step_00000030'} is damaged (mp_rank_00_model_states.pt is not the "
+            f"file written (its SHA-256 differs)): using step_00000020, the newest intact one") in out
+    assert (source / "latest").read_text() == "step_00000030" and not list(source.glob("*.skipped"))
 
 
 def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own_vocabulary_and_casing(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,14 +127,21 @@ def load(path: Path, flag: str = "--model") -> Pretrained:
     if not path.exists():
         raise ModelError(f"{flag} {path}: no such directory")
     if (path / ckpt.MODEL_FILE).is_file():
+        if why := ckpt.weights_damage(path.parent, path.name):
+            raise ModelError(f"{flag} {path}: a damaged checkpoint ({why}); give another step_N, or the RUN "
+                             f"directory for its newest intact one")
         return from_checkpoint(path, flag)
     if (path / HF_MODEL).is_dir():
         return _from_hf_directory(path / HF_MODEL, flag)
     if (path / "config.json").is_file():
         return _from_hf_directory(path, flag)
-    newest = ckpt.latest(path / CHECKPOINTS)
-    if newest:
-        return from_checkpoint(path / CHECKPOINTS / newest, flag)
+    if ckpt.latest(path / CHECKPOINTS):
+        tag, line = ckpt.newest_intact_weights(path / CHECKPOINTS)
+        if tag is None:
+            raise ModelError(f"{flag} {path}: {line}")
+        if line:
+            print(f"bert-finetune: warning: {line}", file=sys.stderr, flush=True)
+        return from_checkpoint(path / CHECKPOINTS / tag, flag)
     raise ModelError(f"{flag} {path}: neither a RUN directory (hf_model/ or checkpoints/), a Hugging Face BERT "
                      f"directory (config.json) nor a checkpoint (step_N/{ckpt.MODEL_FILE})")
 

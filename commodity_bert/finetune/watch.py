@@ -141,6 +141,9 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
                     done.add(candidate.step)
                     log(f"step {row['step']} ({candidate.kind}): {task.metric} median {100 * row['median']:.1f}% "
                         f"(min {100 * row['min']:.1f}%, max {100 * row['max']:.1f}%) in {row['seconds']:.0f} s")
+                except models.ModelError as exc:  # a damaged checkpoint: its digest says so, no traceback
+                    failed.add(candidate.step)
+                    log(f"step {candidate.step} ({candidate.kind}) skipped: {exc}")
                 except Exception as exc:  # noqa: BLE001 - a failed probe must not end the watch
                     failed.add(candidate.step)
                     log(f"step {candidate.step} ({candidate.kind}) failed: {type(exc).__name__}: "

@@ -279,6 +279,48 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     return directory / tag
 
 
+def weights_damage(directory: Path, tag: str) -> str | None:
+    """Why the weights of checkpoint `tag` cannot be read from here (None: they can): what
+    `damage` says, for the model file alone, which is all that readers of weights take
+    (bert-finetune, its --watch, --init-from)."""
+    step_dir = directory / tag
+    digest_file = step_dir / DIGEST
+    if not digest_file.is_file():
+        if latest(directory) == tag:  # written before checkpoints had digests
+            return None if (step_dir / MODEL_FILE).is_file() else f"it lacks {MODEL_FILE}"
+        return "its save did not finish (no digest.json)"
+    try:
+        recorded = json.loads(digest_file.read_text())["files"][MODEL_FILE]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its digest.json cannot be read or names no {MODEL_FILE}"
+    path = step_dir / MODEL_FILE
+    if not path.is_file():
+        return f"{MODEL_FILE} is missing"
+    if path.stat().st_size != recorded["bytes"]:
+        return f"{MODEL_FILE} has {path.stat().st_size:,} bytes, {recorded['bytes']:,} when written"
+    if _sha256(path) != recorded["sha256"]:
+        return f"{MODEL_FILE} is not the file written (its SHA-256 differs)"
+    return None
+
+
+def newest_intact_weights(directory: Path) -> tuple[str | None, str | None]:
+    """For a reader of weights that takes "the newest": the checkpoint `latest` names if its
+    weights are intact, else the newest older one whose are, and a line saying so; (None, why)
+    when none is. Nothing is renamed: the directory may be another run's, read only."""
+    newest = latest(directory)
+    if newest is None:
+        return None, f"no checkpoint in {directory}"
+    why = weights_damage(directory, newest)
+    if why is None:
+        return newest, None
+    broken = f"checkpoint {directory / newest} is damaged ({why})"
+    for tag in sorted((p.name for p in directory.iterdir() if p.is_dir() and TAG.match(p.name) and p.name < newest),
+                      reverse=True):
+        if weights_damage(directory, tag) is None:
+            return tag, f"{broken}: using {tag}, the newest intact one"
+    return None, f"{broken}, and no older checkpoint there is intact"
+
+
 def latest(directory: Path) -> str | None:
     marker = directory / "latest"
     if not marker.is_file():
