@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
     p.add_argument("--save-every-minutes", type=float, default=30.0, help="checkpoint every M minutes (0: off)")
     p.add_argument("--keep-checkpoints", type=int, default=3, help="keep the last K checkpoints")
+    p.add_argument("--on-save-error", choices=("stop", "continue"), default="stop",
+                   help="a checkpoint that cannot be written (full disk, read-only, ...): stop with status 3, or "
+                        "say so and train on without it (the last whole checkpoint stays the one to resume)")
     p.add_argument("--num-workers", type=int, default=2, help="data-loading processes per rank")
     p.add_argument("--trim-host-memory-every", type=int, default=10, metavar="STEPS",
                    help="hand the C heap's free pages back to the system every STEPS steps (glibc's "
@@ -579,7 +582,12 @@ def main(argv: list[str] | None = None) -> None:
                 decision.stop = "error"
             elif decision.save:
                 with book.unlogged():
-                    save()
+                    try:
+                        save()
+                    except checkpoint.CheckpointError as exc:
+                        if args.on_save_error == "stop" or decision.stop is not None:
+                            raise
+                        say(f"warning: {exc} (--on-save-error continue: training goes on without it)")
             if decision.stop == "error":
                 data_iter.close()
                 stop_for_error(book, step)

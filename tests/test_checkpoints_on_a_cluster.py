@@ -1,6 +1,7 @@
 """Checkpoints and resume as a cluster sees them: nodes that share no run directory, a full
 disk, other data, a damaged shard, the time budget across relaunches, --export-only with
 nothing to export. Real DeepSpeed launches on this machine."""
+import errno
 import json
 import os
 import shutil
@@ -79,7 +80,11 @@ def test_time_budget_and_elapsed_time_continue_across_relaunches(tmp_path, train
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
-def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_keeps_the_previous_one(tmp_path, train_data):
+def test_a_full_disk_during_checkpoints_is_said_trained_through_with_a_flag_and_ends_the_run_at_its_last(
+        tmp_path, train_data):
+    """--on-save-error continue on a disk with room for one checkpoint: step 2's is written, steps
+    4 and 6 fail, each said in one warning line while training goes on (the partial one removed,
+    step 2's kept); the last step's save, which cannot be skipped, ends the run in one line, status 3."""
     disk = tmp_path / "disk"
     disk.mkdir()
     # room for one checkpoint of the tiny model (~18 MB with the session's 8,192-token vocabulary)
@@ -87,17 +92,57 @@ def test_a_full_disk_during_a_checkpoint_ends_in_one_line_and_keeps_the_previous
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=28m", "tmpfs", str(disk)], check=True)
     try:
         run = disk / "run"
-        proc = train(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 6, "--save-every", 2,
-                     "--keep-checkpoints", 3, check=False)
+        proc = train(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 8, "--save-every", 2,
+                     "--keep-checkpoints", 3, "--on-save-error", "continue", check=False)
         assert proc.returncode == 3, proc.stderr[-3000:]
         lines = error_lines(proc)
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-        assert f"cannot write checkpoint {run / 'checkpoints' / 'step_00000004'}" in lines[0]
+        assert f"cannot write checkpoint {run / 'checkpoints' / 'step_00000008'}" in lines[0]
         assert "MB free there and a checkpoint needs about" in lines[0] and "step_00000002 is intact" in lines[0]
+        warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: cannot write checkpoint")]
+        assert [w.split()[4] for w in warnings] == [str(run / "checkpoints" / f"step_0000000{s}") for s in (4, 6)]
+        assert all("MB free there" in w and w.endswith("(--on-save-error continue: training goes on without it)")
+                   for w in warnings), warnings
+        assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()][-1] == 8
         assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["step_00000002"]
         assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("error, words", [
+    (OSError(errno.ENOSPC, "No space left on device"), "MB free there and a checkpoint needs about 18 MB"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "(or your quota there is used up)"),
+    (OSError(errno.EROFS, "Read-only file system"), "is on a read-only file system; the partial step_00000004 was removed"),
+    (PermissionError(errno.EACCES, "Permission denied"), "may not write in"),
+    (OSError(errno.EIO, "Input/output error"), "the disk reported an I/O error"),
+])
+def test_a_failed_save_names_its_real_cause(tmp_path, error, words):
+    from commodity_bert.train.checkpoint import failure_cause, save_failure_line
+    (tmp_path / "step_00000002").mkdir()
+    (tmp_path / "latest").write_text("step_00000002")
+    line = save_failure_line(tmp_path, "step_00000004", 18 * 2**20, failure_cause(error), at_least=False)
+    assert words in line and "step_00000002 is intact" in line and "relaunch the same command to resume" in line
+    assert ("MB free there" in line) == (error.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+def test_a_checkpoint_that_does_not_read_back_is_blamed_on_the_disk(tmp_path):
+    """write_digest reads a finished save back: a torch file whose bytes are not those written
+    (a disk that altered them) fails the save with words that say so, not a full disk's."""
+    import torch
+
+    from commodity_bert.train.checkpoint import failure_cause, save_failure_line, write_digest
+    step = tmp_path / "step_00000004"
+    step.mkdir()
+    torch.save({"w": torch.arange(4096.0)}, step / "mp_rank_00_model_states.pt")
+    raw = bytearray((step / "mp_rank_00_model_states.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (step / "mp_rank_00_model_states.pt").write_bytes(bytes(raw))
+    with pytest.raises(OSError) as failed:
+        write_digest(step)
+    line = save_failure_line(tmp_path, "step_00000004", 0, failure_cause(failed.value), at_least=True)
+    assert "did not read back as written, so the disk or its file system altered it" in line
+    assert "MB free" not in line and not (step / "digest.json").exists()
 
 
 # ---- two nodes that share no run directory: each launched on its own, as under Slurm

@@ -23,6 +23,8 @@ is then agreed by all ranks (`agree_on_resume`): one step everyone holds, or one
 what is missing where."""
 from __future__ import annotations
 
+import errno
+import getpass
 import hashlib
 import json
 import os
@@ -127,14 +129,52 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def _space_message(directory: Path, tag: str, need: int, what: str, at_least: bool) -> str:
+class ReadBackError(OSError):
+    """A file of a finished save that does not read back as it was written."""
+
+
+def failure_cause(exc: BaseException) -> tuple[str | None, str]:
+    """(what kind of failure, its first line): an errno's name, "read back" for a file that did
+    not read back as written, None where the error says neither (torch.save wraps a failed write in
+    a RuntimeError that has lost its errno)."""
+    line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, ReadBackError):
+        return "read back", line
+    if isinstance(exc, OSError) and exc.errno in errno.errorcode:
+        return errno.errorcode[exc.errno], line
+    return None, line
+
+
+def save_failure_line(directory: Path, tag: str, need: int, cause: tuple[str | None, str], at_least: bool) -> str:
+    """One line for a save that failed, naming the real cause: a full disk (or quota), a read-only
+    file system, a directory this user may not write, a disk that altered what was written, an
+    I/O error; the partial checkpoint is gone and the previous one intact in every case."""
+    kind, what = cause
     free = shutil.disk_usage(directory).free if directory.exists() else 0
     previous = latest(directory)
     kept = f"{previous} is intact" if previous else "there is no earlier checkpoint"
-    size = f"{'more than' if at_least else 'about'} {need / 2**20:,.0f} MB"
-    return (f"cannot write checkpoint {directory / tag} ({what}): {free / 2**20:,.0f} MB free there and a "
-            f"checkpoint needs {size}; the partial {tag} was removed and {kept}. Free space there or use an "
-            f"--output-dir on a larger disk, then relaunch the same command to resume")
+    head = f"cannot write checkpoint {directory / tag} ({what})"
+    after = f"the partial {tag} was removed and {kept}"
+    resume = "then relaunch the same command to resume"
+    if kind in ("ENOSPC", "EDQUOT") or (kind is None and free < (need or 1)):
+        size = f"{'more than' if at_least else 'about'} {need / 2**20:,.0f} MB"
+        quota = " (or your quota there is used up)" if kind == "EDQUOT" else ""
+        return (f"{head}: {free / 2**20:,.0f} MB free there{quota} and a checkpoint needs {size}; {after}. Free "
+                f"space there or use an --output-dir on a larger disk, {resume}")
+    if kind == "EROFS":
+        return (f"{head}: {directory} is on a read-only file system; {after}. Remount it read-write or use an "
+                f"--output-dir on a writable disk, {resume}")
+    if kind in ("EACCES", "EPERM"):
+        return (f"{head}: user {getpass.getuser()} may not write in {directory}; {after}. Give it the right "
+                f"(chmod, chown) or use another --output-dir, {resume}")
+    if kind == "read back":
+        return (f"{head}: what was written did not read back as written, so the disk or its file system altered "
+                f"it; {after}. Check the disk (dmesg, the file system's check) or use an --output-dir on another, "
+                f"{resume}")
+    if kind == "EIO":
+        return (f"{head}: the disk reported an I/O error; {after}. Check the disk (dmesg) or use an --output-dir "
+                f"on another, {resume}")
+    return f"{head}; {after}. Fix the cause, {resume}"
 
 
 def _sha256(path: Path) -> str:
@@ -162,7 +202,7 @@ def write_digest(step_dir: Path) -> None:
     files = {}
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != DIGEST):
         if path.suffix == ".pt" and (problem := _torch_file_problem(path)):
-            raise OSError(problem)
+            raise ReadBackError(problem)
         files[str(path.relative_to(step_dir))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     atomic_write_text(step_dir / DIGEST, json.dumps({"files": files}, indent=1))
 
@@ -230,7 +270,7 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
             try:
                 write(*args, **kwargs)
             except (OSError, RuntimeError) as exc:
-                errors.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                errors.append(failure_cause(exc))
         return attempt
 
     writes = {"save": engine.checkpoint_engine.save, "copy": engine._copy_recovery_script}
@@ -265,7 +305,7 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
             shutil.rmtree(directory / tag, ignore_errors=True)
         dist.barrier()
         reason = next(f for f in failures if f)
-        raise CheckpointError(_space_message(directory, tag, need or partial, reason, at_least=not need))
+        raise CheckpointError(save_failure_line(directory, tag, need or partial, reason, at_least=not need))
     if writer:
         atomic_write_text(directory / "latest", tag)
     dist.barrier()
