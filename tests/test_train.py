@@ -14,6 +14,7 @@ from conftest import (
     ONEBIT,
     REPO,
     crashed_after,
+    free_port,
     launch_cmd,
     load_manifest,
     relaunched,
@@ -395,3 +396,18 @@ def test_missing_or_corrupt_shard_is_refused_before_training(tmp_path, data, dam
     with pytest.raises(DataError) as error:
         TrainingBatches(ShardSet.open(copy), 1, 2, 32, 42, 0)
     assert phrase in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_run_killed_at_random_with_a_damaged_checkpoint_ends_as_the_uninterrupted_one(tmp_path, data, run30):
+    """The chaos run's short form (benchmarks/chaos.py has the long one): run30's command through
+    bert-launch with --resume auto, a rank SIGKILLed three times (once while a checkpoint is
+    written), the newest checkpoint damaged once; relaunched until it ends, it logs run30's
+    metrics and exports run30's weights, bit for bit (fp32)."""
+    import sys
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from chaos import chaos
+    args = [*COMMON, "--data", data, "--max-steps", 30, "--eval-every", 15, "--save-every", 10, "--keep-checkpoints", 2]
+    result = chaos(tmp_path, args, 30, kills=3, save_kills=1, damages=1, seed=3, reference=run30, port=free_port())
+    assert result["kills"] == 3 and result["kills_during_a_save"] >= 1 and result["damaged_checkpoints"] == 1, result
+    assert result["identical_metrics"] and result["identical_weights"], result
+    assert not result["steps_skipped"] and result["every_step_once_in_the_end"], result
