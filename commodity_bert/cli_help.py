@@ -29,3 +29,19 @@ def show_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             continue
         action.help = f"{action.help.rstrip()} {shown(action.default)}" if action.help else shown(action.default)
     return parser
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose complaint is the command's own error (`error_type`, which its main prints
+    as one line), not argparse's usage block and message over many lines. Subclass it per command,
+    or call `one_line_parser`."""
+    error_type: type[Exception] = ValueError
+    see_help = False  # end the message with "(see PROG --help)"
+
+    def error(self, message: str):
+        raise self.error_type(f"{message} (see {self.prog} --help)" if self.see_help else message)
+
+
+def one_line_parser(error_type: type[Exception], see_help: bool = False) -> type[OneLineParser]:
+    return type(f"OneLine{error_type.__name__}Parser", (OneLineParser,),
+                {"error_type": error_type, "see_help": see_help})

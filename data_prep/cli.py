@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from commodity_bert.cli_help import show_defaults
+from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.vocab import VocabError
 from commodity_bert.run_dir import HF_MODEL
@@ -63,9 +63,12 @@ def _corpus_sources() -> str:
             + ", ".join(s.name for s in SOURCES if not s.default))
 
 
+OneLineParser = one_line_parser(PrepError, see_help=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-data-prep", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(prog="bert-data-prep", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     v = sub.add_parser("vocab", help="train a WordPiece vocabulary")
     _add_input_args(v)
@@ -186,8 +189,8 @@ def _inspect(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         if args.command == "vocab":
             from data_prep.vocab_training import train_vocab
             vocab = train_vocab([_embedded(p) for p in args.input], args.output, args.vocab_size,

@@ -132,8 +132,9 @@ def resolve_inputs(paths: list[str], hf_data_files: list[str] | tuple[str, ...] 
         else:
             source = _classify(path)
             if source is None:
-                # a file named by the user is taken as plain text whatever its name
-                source = Source(path, "txt", open)
+                # a file named by the user is taken as text whatever its name, decompressed where
+                # its last suffix names a compressor (corpus.gz)
+                source = Source(path, "txt", COMPRESSORS.get(path.suffix, open))
             sources.append(source)
     for source in sources:
         if source.kind in TEXT_KIND_NAMES:

@@ -28,15 +28,13 @@ from tqdm import tqdm
 
 from commodity_bert.ablate import grid, report, runs, slurm
 from commodity_bert.ablate.record import Ablation, AblationError, downstream_file, run_downstream
-from commodity_bert.cli_help import show_defaults
+from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.data.shard_format import atomic_write_text as atomic_write
 from commodity_bert.model.card import refresh_card
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise AblationError(message)
+OneLineParser = one_line_parser(AblationError)
 
 
 def build_parser() -> argparse.ArgumentParser:

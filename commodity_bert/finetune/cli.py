@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
-from commodity_bert.cli_help import show_defaults
+from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.finetune import qa, tagging, tasks
 from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.finetune.metrics import METRICS
@@ -47,9 +48,7 @@ class UsageError(Exception):
     """Bad or incompatible flags; the message is one line for the user."""
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(message)
+OneLineParser = one_line_parser(UsageError)
 
 
 def fail(message: str, status: int = 2):
@@ -160,15 +159,16 @@ def check_arguments(args) -> None:
         if args.lr_grid:
             raise UsageError("--lr-grid goes with --lr auto; give one or the other")
     for name in ("epochs", "batch_size", "max_seq_len"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    if (args.lr != "auto" and args.lr <= 0) or any(lr <= 0 for lr in args.lr_grid or []):
-        raise UsageError("--lr and --lr-grid must be positive")
+        if not getattr(args, name) > 0 or not math.isfinite(getattr(args, name)):  # nan and inf too
+            raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)}: give a positive number")
+    rates = [args.lr] if args.lr != "auto" else []
+    if any(not (lr > 0 and math.isfinite(lr)) for lr in [*rates, *(args.lr_grid or [])]):
+        raise UsageError("--lr and --lr-grid must be positive numbers")
     if not 1 <= args.lr_folds <= 10:
         raise UsageError(f"--lr-folds {args.lr_folds}: give 1 (one held-out slice) to 10 folds")
     if args.lr_folds > 1 and args.lr != "auto":
         raise UsageError("--lr-folds goes with --lr auto; a fixed --lr selects nothing")
-    if args.head_lr is not None and args.head_lr <= 0:
+    if args.head_lr is not None and not (args.head_lr > 0 and math.isfinite(args.head_lr)):
         raise UsageError("--head-lr must be positive")
     if args.min_steps is not None and args.min_steps < 0:
         raise UsageError("--min-steps must be 0 or more")
@@ -180,6 +180,8 @@ def check_arguments(args) -> None:
         raise UsageError("--seeds: each seed once")
     if args.stride is not None and args.stride < 0:
         raise UsageError("--stride must be 0 or more")
+    if args.json is not None and (Path(args.json).is_dir() or not Path(args.json).resolve().parent.is_dir()):
+        raise UsageError(f"--json {args.json}: give a file's path in an existing directory")
 
 
 def embedded_entry(name: str) -> tuple:
@@ -285,7 +287,7 @@ def hyperparameters(args, device, family: str = "classification"):
                            precision=pick_precision(args.precision, device),
                            min_steps=MIN_STEPS[family] if args.min_steps is None else args.min_steps,
                            pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr,
-                           head_init=args.head_init)
+                           head_init=args.head_init, stride=args.stride)
 
 
 def collapse_warning(result: dict) -> str | None:

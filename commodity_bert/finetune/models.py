@@ -58,7 +58,15 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
     if not (directory / "config.json").is_file():
         raise ModelError(f"{flag} {directory}: no config.json; give a RUN directory, its hf_model, a Hugging Face "
                          f"BERT directory or a checkpoint directory (RUN/checkpoints/step_N)")
+    try:
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelError(f"{flag} {directory}: config.json cannot be read ({exc})") from None
+    if model_type != "bert":
+        raise ModelError(f"{flag} {directory}: a {model_type or 'model without model_type'} model, not a BERT "
+                         f"(config.json's model_type must be \"bert\")")
     tokenizer = _hf_tokenizer(directory, flag)
+    from safetensors import SafetensorError
     try:
         config = BertConfig.from_pretrained(str(directory))
         # BertModel's loader strips a task model's prefix (bert.) and reports what it had to create
@@ -66,7 +74,7 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
         # run) would otherwise load bf16 weights, which lr 5e-5 updates cannot move
         encoder, info = BertModel.from_pretrained(str(directory), output_loading_info=True,
                                                   attn_implementation="sdpa", dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a weights file cut short: SafetensorError
         raise ModelError(f"{flag} {directory}: not a loadable BERT model ({str(exc).splitlines()[0]})") from exc
     fresh = set(info.get("missing_keys", []))
     state = {f"bert.{k}": v for k, v in encoder.state_dict().items() if k not in fresh}

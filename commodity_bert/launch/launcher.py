@@ -48,6 +48,7 @@ import contextlib
 import ctypes
 import io
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -142,6 +143,37 @@ def parse_deepspeed_args(argv: list[str]):
         if "user_script" in message:
             message = "no training script given: bert-launch [deepspeed's options] train.py [train.py's options]"
         raise UsageError(message) from None
+
+
+def check_hostfile(args) -> None:
+    """The hostfile as DeepSpeed's runner will read it (`HOST slots=N` a line, # comments), each
+    problem in one line before anything starts: its runner logs the whole file and a traceback,
+    and takes `slots=0` for a host with nothing to run."""
+    if not os.path.isfile(args.hostfile):
+        return
+    hosts: dict[str, int] = {}
+    try:
+        lines = open(args.hostfile, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--hostfile {args.hostfile}: cannot read it ({exc})") from None
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots=(\d+)", line)
+        where = f"--hostfile {args.hostfile} line {number} ({line!r})"
+        if match is None:
+            raise UsageError(f"{where}: give HOST slots=N, N the ranks (GPUs) to start on that host")
+        if int(match.group(2)) < 1:
+            raise UsageError(f"{where}: slots must be 1 or more; leave a host with nothing to run out")
+        if match.group(1) in hosts:
+            raise UsageError(f"{where}: {match.group(1)} is listed twice; list each host once")
+        hosts[match.group(1)] = int(match.group(2))
+    if not hosts:
+        raise UsageError(f"--hostfile {args.hostfile} names no host; write one line a host: HOST slots=N")
+    if args.no_ssh and not 0 <= args.node_rank < len(hosts):
+        raise UsageError(f"--node_rank {args.node_rank}: give 0 to {len(hosts) - 1}, this host's line in "
+                         f"--hostfile {args.hostfile} ({len(hosts)} host(s))")
 
 
 def remote_hosts(args) -> list[str]:
@@ -434,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         grace_s, ds_argv = split_argv(argv)
         args = parse_deepspeed_args(ds_argv)
+        check_hostfile(args)
     except UsageError as error:
         print(f"bert-launch: error: {error}", file=sys.stderr)
         return 2

@@ -181,12 +181,13 @@ def load_pretrained(source: str | os.PathLike, nsp: bool) -> tuple[nn.Module, li
     initialises what the source lacks: NSP after an MLM-only phase, the whole masked-LM head under
     a `BertModel` (a sentence-transformers export). Missing encoder weights are refused: such a
     directory holds another model's weights."""
+    from safetensors import SafetensorError
     cls = BertForPreTraining if nsp else BertForMaskedLM
     try:
         with quiet_transformers():
             model, info = cls.from_pretrained(str(source), attn_implementation=UNPADDED_ATTENTION,
                                               output_loading_info=True)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # a weights file cut short: SafetensorError
         raise ModelConfigError(f"--init-from {source}: not a loadable BERT model ({str(exc).splitlines()[0]})") from exc
     missing = sorted(info.get("missing_keys", ()))
     encoder = [name for name in missing if not name.startswith(HEAD_PREFIX)]

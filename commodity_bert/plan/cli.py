@@ -22,15 +22,13 @@ import json
 import sys
 from pathlib import Path
 
-from commodity_bert.cli_help import show_defaults
+from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.plan.step_model import OPTIMIZERS, PlanError, recipe_rows
 
 PROG = "bert-plan"
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        raise PlanError(f"{message} (see {self.prog} --help)")
+OneLineParser = one_line_parser(PlanError, see_help=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

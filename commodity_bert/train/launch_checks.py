@@ -67,7 +67,7 @@ def resolve_batch_sizes(config: dict, world_size: int) -> tuple[int, int, int]:
     accumulation = config.get("gradient_accumulation_steps")
     for name, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
                         ("gradient_accumulation_steps", accumulation)):
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise LaunchError(f"{name} = {value!r} in the DeepSpeed config; it must be a positive integer")
     if micro is None and total is not None:
         accumulation = accumulation or 1
@@ -156,6 +156,13 @@ def check_project_block(config: dict) -> None:
                 or (key == "mask_prob" and value == 0):
             allowed = "(0, 1), e.g. 0.15 (BERT) or 0.4" if key == "mask_prob" else "[0, 1), e.g. 0.0 or 0.1 (BERT)"
             raise LaunchError(f'"commodity_bert.pretraining.{key}" {value!r}: give a number in {allowed}')
+    clipping = section(config, "bucketwise_clipping")
+    if not isinstance(clipping.get("enabled", False), bool):
+        raise LaunchError(f'"commodity_bert.bucketwise_clipping.enabled" must be true or false, not '
+                          f'{clipping["enabled"]!r}')
+    for key in ("bucket_mb", "max_norm"):
+        if key in clipping and not (_is_number(clipping[key]) and clipping[key] > 0):
+            raise LaunchError(f'"commodity_bert.bucketwise_clipping.{key}" {clipping[key]!r}: give a number above 0')
     implementation = section(config, "lamb").get("implementation", "project")
     if implementation not in LAMB_IMPLEMENTATIONS:
         raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
