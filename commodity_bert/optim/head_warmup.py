@@ -55,11 +55,17 @@ class HeadWarmupScheduler:
     scheduler's, so checkpoints hold the same state with and without the warm-up, and a run
     resumed within the warm-up gets the scaled rates back with the optimizer's state."""
 
-    def __init__(self, scheduler, param_groups: list[dict], steps: int, encoder_lr_scale: float,
-                 head_lr_scale: float = 1.0):
-        self.scheduler, self.groups = scheduler, param_groups
+    def __init__(self, scheduler, steps: int, encoder_lr_scale: float, head_lr_scale: float = 1.0):
+        self.scheduler = scheduler
         self.steps, self.encoder_lr_scale, self.head_lr_scale = steps, encoder_lr_scale, head_lr_scale
         self._scale()  # the rate the scheduler set for the first step
+
+    @property
+    def groups(self) -> list[dict]:
+        """The optimizer's groups as they are now: loading a checkpoint replaces the group dicts
+        (torch's Optimizer.load_state_dict), so a list kept from the start would scale, and report,
+        groups the optimizer no longer uses."""
+        return self.scheduler.optimizer.param_groups
 
     def _next_step(self) -> int:
         """The optimizer step the groups' rates are now set for (1 for the first)."""
@@ -91,7 +97,6 @@ def install(engine, ds_config: dict):
     settings = head_warmup_settings(ds_config)
     if not settings["steps"] or engine.lr_scheduler is None:
         return engine.lr_scheduler
-    engine.lr_scheduler = HeadWarmupScheduler(engine.lr_scheduler, engine.lr_scheduler.optimizer.param_groups,
-                                              settings["steps"], settings["encoder_lr_scale"],
+    engine.lr_scheduler = HeadWarmupScheduler(engine.lr_scheduler, settings["steps"], settings["encoder_lr_scale"],
                                               settings["head_lr_scale"])
     return engine.lr_scheduler
