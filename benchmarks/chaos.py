@@ -46,6 +46,18 @@ def training_args(data: Path, steps: int, save_every: int, config: Path) -> list
             "--save-every", str(save_every), "--keep-checkpoints", "2", "--dist-timeout-minutes", "1"]
 
 
+def config_spanning(config: Path, steps: int, work: Path) -> Path:
+    """The config with its schedule's end at `steps`: past the end the rate is 0, and a run that
+    trains nothing would end as the uninterrupted one however badly it resumed."""
+    settings = json.loads(config.read_text())
+    params = settings.get("scheduler", {}).get("params", {})
+    if "total_num_steps" in params:
+        params["total_num_steps"] = steps
+    path = work / f"{config.stem}_{steps}_steps.json"
+    path.write_text(json.dumps(settings, indent=1))
+    return path
+
+
 def command(run: Path, args: list[str], port: int) -> list[str]:
     return [str(BERT_LAUNCH), "--num_gpus", "2", "--master_port", str(port), "train.py", *args,
             "--output-dir", str(run), "--resume", "auto"]
@@ -235,7 +247,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    result = chaos(args.work, training_args(args.data, args.steps, args.save_every, args.config), args.steps,
+    config = config_spanning(args.config, args.steps, args.work)
+    result = chaos(args.work, training_args(args.data, args.steps, args.save_every, config), args.steps,
                    args.kills, args.save_kills, args.damages, args.seed, args.reference)
     result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     result["command"] = " ".join(sys.argv)
