@@ -54,10 +54,9 @@ from commodity_bert.model.export import export_hf_model
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.project_block import section
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
-from commodity_bert.train import checkpoint, downstream_watcher
+from commodity_bert.train import checkpoint, downstream_watcher, failures
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
-from commodity_bert.train import failures
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
     LaunchError,

@@ -237,14 +237,20 @@ def damage(directory: Path, tag: str, rank: int) -> str | None:
     if lacking:
         return f"it holds no {', '.join(lacking)}"
     for name in needed:
-        path = step_dir / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != recorded[name]["bytes"]:
-            return f"{name} has {size:,} bytes, {recorded[name]['bytes']:,} when written"
-        if _sha256(path) != recorded[name]["sha256"]:
-            return f"{name} is not the file written (its SHA-256 differs)"
+        if problem := _file_damage(step_dir / name, recorded[name]):
+            return problem
+    return None
+
+
+def _file_damage(path: Path, record: dict) -> str | None:
+    """Why a checkpoint's file is not the one its digest recorded (None: it is)."""
+    if not path.is_file():
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        return f"{path.name} has {size:,} bytes, {record['bytes']:,} when written"
+    if _sha256(path) != record["sha256"]:
+        return f"{path.name} is not the file written (its SHA-256 differs)"
     return None
 
 
@@ -333,14 +339,7 @@ def weights_damage(directory: Path, tag: str) -> str | None:
         recorded = json.loads(digest_file.read_text())["files"][MODEL_FILE]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its digest.json cannot be read or names no {MODEL_FILE}"
-    path = step_dir / MODEL_FILE
-    if not path.is_file():
-        return f"{MODEL_FILE} is missing"
-    if path.stat().st_size != recorded["bytes"]:
-        return f"{MODEL_FILE} has {path.stat().st_size:,} bytes, {recorded['bytes']:,} when written"
-    if _sha256(path) != recorded["sha256"]:
-        return f"{MODEL_FILE} is not the file written (its SHA-256 differs)"
-    return None
+    return _file_damage(step_dir / MODEL_FILE, recorded)
 
 
 def newest_intact_weights(directory: Path) -> tuple[str | None, str | None]:
