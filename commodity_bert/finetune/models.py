@@ -58,13 +58,13 @@ def _from_hf_directory(directory: Path, flag: str) -> Pretrained:
     if not (directory / "config.json").is_file():
         raise ModelError(f"{flag} {directory}: no config.json; give a RUN directory, its hf_model, a Hugging Face "
                          f"BERT directory or a checkpoint directory (RUN/checkpoints/step_N)")
+    from commodity_bert.model.bert import not_a_bert
     try:
-        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+        problem = not_a_bert(json.loads((directory / "config.json").read_text()))
     except (OSError, ValueError, AttributeError) as exc:
         raise ModelError(f"{flag} {directory}: config.json cannot be read ({exc})") from None
-    if model_type != "bert":
-        raise ModelError(f"{flag} {directory}: a {model_type or 'model without model_type'} model, not a BERT "
-                         f"(config.json's model_type must be \"bert\")")
+    if problem:
+        raise ModelError(f"{flag} {directory}: {problem}")
     tokenizer = _hf_tokenizer(directory, flag)
     from safetensors import SafetensorError
     try:

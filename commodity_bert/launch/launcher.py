@@ -57,6 +57,7 @@ import tempfile
 import time
 
 import psutil
+from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 DEFAULT_STOP_GRACE_S = 300.0  # a step, a checkpoint and the export of BERT-large, with room to spare
@@ -153,7 +154,7 @@ def check_hostfile(args) -> None:
         return
     hosts: dict[str, int] = {}
     try:
-        lines = open(args.hostfile, encoding="utf-8").read().splitlines()
+        lines = Path(args.hostfile).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--hostfile {args.hostfile}: cannot read it ({exc})") from None
     for number, raw in enumerate(lines, 1):

@@ -197,6 +197,14 @@ def load_pretrained(source: str | os.PathLike, nsp: bool) -> tuple[nn.Module, li
     return model, missing
 
 
+def not_a_bert(config: dict) -> str | None:
+    """Why a model directory's config.json is not a BERT's (None: it is), for the loaders' one line."""
+    if config.get("model_type") != "bert":
+        return (f"a {config.get('model_type') or 'model without model_type'} model, not a BERT (config.json's "
+                f"model_type must be \"bert\")")
+    return None
+
+
 def pretrained_config(source: str | os.PathLike) -> BertConfig:
     """The architecture of a model directory, without its weights."""
     try:

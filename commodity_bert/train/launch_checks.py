@@ -332,9 +332,9 @@ def init_source(source: Path) -> tuple[str, Path]:
         except (OSError, ValueError) as exc:
             raise LaunchError(f"--init-from {source}: weights but no readable config.json beside them ({exc}); "
                               f"save the model with save_pretrained(DIR)") from None
-        if config.get("model_type") != "bert":
-            raise LaunchError(f"--init-from {source}: a {config.get('model_type') or 'model without model_type'} "
-                              f"model, not a BERT (config.json's model_type must be \"bert\")")
+        from commodity_bert.model.bert import not_a_bert  # here: transformers only where it is asked
+        if problem := not_a_bert(config):
+            raise LaunchError(f"--init-from {source}: {problem}")
         if model_vocabulary(weights) is None:
             raise LaunchError(f"--init-from {source}: weights but no tokenizer (vocab.txt or tokenizer.json); put the "
                               f"model's own tokenizer files beside them (tokenizer.save_pretrained(DIR)), then make "
