@@ -55,9 +55,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
-from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 DEFAULT_STOP_GRACE_S = 300.0  # a step, a checkpoint and the export of BERT-large, with room to spare
