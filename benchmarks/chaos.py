@@ -114,14 +114,11 @@ def saving(run: Path) -> bool:
                for p in directory.iterdir() if p.is_dir() and p.name.startswith("step_"))
 
 
-def kill_a_rank(launch: Launch, run: Path, during_save: bool, rng: random.Random, steps: int) -> dict | None:
-    """SIGKILL to one rank: while a checkpoint is written (polled every 5 ms), or once the launch
-    has trained a random number (1–40) of steps; None if the launch ended first."""
-    target = None
+def kill_a_rank(launch: Launch, run: Path, moment: int, during_save: bool, rng: random.Random) -> dict | None:
+    """SIGKILL to one rank once the launch has trained step `moment`: at once, or while the next
+    checkpoint is being written (polled every 5 ms); None if the launch ended first."""
     while launch.proc.poll() is None:
-        if launch.steps and target is None:
-            target = min(launch.steps[0] + rng.randint(0, 39), steps - 1)
-        due = saving(run) if during_save else (target is not None and launch.steps[-1] >= target)
+        due = bool(launch.steps) and launch.steps[-1] >= moment and (not during_save or saving(run))
         if due:
             ranks = ranks_of(psutil.Process(launch.proc.pid))
             if len(ranks) == 2:
@@ -130,10 +127,15 @@ def kill_a_rank(launch: Launch, run: Path, during_save: bool, rng: random.Random
                 with_save = saving(run)
                 victim.send_signal(signal.SIGKILL)
                 return {"kind": "kill", "planned": "during a save" if during_save else "at a step",
-                        "rank": int(local_rank), "after_step": launch.steps[-1] if launch.steps else 0,
-                        "during_save": with_save}
+                        "moment": moment, "rank": int(local_rank),
+                        "after_step": launch.steps[-1], "during_save": with_save}
         time.sleep(0.005)
     return None
+
+
+def checkpoints(run: Path) -> list[str]:
+    directory = run / "checkpoints"
+    return sorted(p.name for p in directory.iterdir() if re.fullmatch(r"step_\d{8}", p.name)) if directory.is_dir() else []
 
 
 def damage_newest(run: Path, how: str) -> str | None:
@@ -181,8 +183,11 @@ def chaos(work: Path, args: list[str], steps: int, kills: int, save_kills: int, 
         reference_s = uninterrupted(reference, args, port)
     run = work / "chaos"
     shutil.rmtree(run, ignore_errors=True)
-    plan = ["save"] * save_kills + ["step"] * (kills - save_kills)
-    rng.shuffle(plan)
+    # the kills' moments spread over the run (a kill lands after its step, the next after the
+    # relaunch has gone past it again); which of them wait for a checkpoint being written
+    kinds = ["save"] * save_kills + ["step"] * (kills - save_kills)
+    rng.shuffle(kinds)
+    plan = list(zip(sorted(rng.sample(range(1, steps), kills)), kinds))
     damage_after = set(rng.sample(range(1, kills + 1), damages)) if damages else set()
     damage_kinds = ["truncate", "flip"] * damages
     faults, launches, started = [], [], time.monotonic()
@@ -190,7 +195,8 @@ def chaos(work: Path, args: list[str], steps: int, kills: int, save_kills: int, 
         launch = Launch(run, args, port)
         fault = None
         if plan:
-            fault = kill_a_rank(launch, run, plan[0] == "save", rng, steps)
+            moment, kind = plan[0]
+            fault = kill_a_rank(launch, run, moment, kind == "save", rng)
         code = launch.wait()
         launches.append({"resumed_from": launch.resumed_from, "trained": launch.steps, "exit": code,
                          "seconds": launch.seconds, "notes": [line for line in launch.lines if "damaged" in line
@@ -199,7 +205,7 @@ def chaos(work: Path, args: list[str], steps: int, kills: int, save_kills: int, 
             plan.pop(0)
             faults.append(fault)
             due = len([f for f in faults if f["kind"] == "kill"]) >= min(damage_after, default=kills + 1)
-            if due and (run / "checkpoints" / "latest").is_file():  # else after the next kill
+            if due and len(checkpoints(run)) >= 2:  # else after the next kill: with one, none is left to go back to
                 damage_after.discard(min(damage_after))
                 how = damage_kinds.pop(0)
                 faults.append({"kind": "damage", "checkpoint": damage_newest(run, how), "how": how})
