@@ -39,7 +39,6 @@ from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatc
 from commodity_bert.model.bert import (
     ModelConfigError,
     PretrainingModel,
-    attention_layout,
     build_config,
     build_model,
     executed_training_flops,
@@ -51,8 +50,9 @@ from commodity_bert.model.bert import (
 )
 from commodity_bert.model.card import write_card
 from commodity_bert.model.export import export_hf_model
+from commodity_bert.model.sections import activation_checkpointing, attention_layout
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
-from commodity_bert.project_block import section
+from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint, downstream_watcher, failures
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
@@ -254,8 +254,7 @@ def join_the_ranks(args) -> torch.device:
 
 class Inputs(NamedTuple):
     """What the launch was given, checked: the config, the batch sizes, the data, the model's shape."""
-    ds_config: dict
-    given_config: dict  # the file as it was given, for the record
+    config: RunConfig
     total_batch: int
     micro_batch: int
     accumulation: int
@@ -274,16 +273,15 @@ def check_inputs(args, device: torch.device) -> Inputs:
     problem = None
     try:
         check_command_line(args)
-        ds_config = load_deepspeed_config(args.deepspeed_config)
-        given_config = json.loads(json.dumps(ds_config))
-        total_batch, micro_batch, accumulation = check_deepspeed_config(ds_config, world)
-        check_against_device(ds_config, device.type == "cuda")
-        if rank == 0 and (trouble := monitor_problem(ds_config, Path(args.output_dir))):  # rank 0 logs
+        config = load_deepspeed_config(args.deepspeed_config)
+        total_batch, micro_batch, accumulation = check_deepspeed_config(config, world)
+        check_against_device(config, device.type == "cuda")
+        if rank == 0 and (trouble := monitor_problem(config.given, Path(args.output_dir))):  # rank 0 logs
             raise LaunchError(trouble)
         data = ShardSet.open(args.data)
         model_config = build_config(args.model, data.vocab_size)
         check_data_against_model(data, model_config)
-        recipe = pretraining_settings(ds_config, data)
+        recipe = pretraining_settings(config, data)
         batches = TrainingBatches(data, rank, world, micro_batch, args.seed, args.num_workers, args.shards_in_memory,
                                   mask_prob=recipe.get("mask_prob"))
         val_batches = ValidationBatches(data, rank, world, micro_batch)
@@ -295,14 +293,14 @@ def check_inputs(args, device: torch.device) -> Inputs:
         if rank == next(r for r, p in enumerate(problems) if p):
             fail(problem, everyone=True)
         sys.exit(2)
-    max_steps = args.max_steps or ds_config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+    max_steps = args.max_steps or config.total_num_steps
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")
-    if warning := schedule_end_warning(ds_config, max_steps):
+    if warning := schedule_end_warning(config, max_steps):
         say(warning)
-    if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, ds_config)):
+    if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, config)):
         say(warning)
-    return Inputs(ds_config, given_config, total_batch, micro_batch, accumulation, data, model_config, recipe,
+    return Inputs(config, total_batch, micro_batch, accumulation, data, model_config, recipe,
                   batches, val_batches, max_steps)
 
 
@@ -358,18 +356,16 @@ def pretraining_model(args, inputs: Inputs, resuming: bool):
         hf_model = build_model(model_config, nsp=data.nsp)
     if "dropout" in inputs.recipe:  # in training only: the exported config keeps its own rate for fine-tuning
         set_dropout(hf_model, inputs.recipe["dropout"])
-    if section(inputs.ds_config, "activation_checkpointing").get("enabled"):
+    if activation_checkpointing(inputs.config):
         use_activation_checkpointing(hf_model)  # recompute each layer in backward: less memory
     return hf_model, model_config, init_checkpoint
 
 
-def checkpoint_place(args, run_dir: Path, ds_config: dict) -> tuple[dict, bool, Path, str | None]:
-    """The config with node-local checkpoints where the run directory is not shared (every node
-    keeps a whole checkpoint of its own), whether it is, where checkpoints are read from, and the
-    one every rank resumes from (None: a fresh start)."""
+def checkpoint_place(args, run_dir: Path) -> tuple[bool, Path, str | None]:
+    """Whether checkpoints are node-local (the run directory is not shared: every node keeps a
+    whole checkpoint of its own), where checkpoints are read from, and the one every rank resumes
+    from (None: a fresh start)."""
     node_local = not checkpoint.storage_is_shared(run_dir)
-    if node_local:
-        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "use_node_local_storage": True}}
     explicit = args.resume not in ("auto", "none")
     resume_dir = Path(args.resume) if explicit else run_dir / CHECKPOINTS
     try:
@@ -381,16 +377,15 @@ def checkpoint_place(args, run_dir: Path, ds_config: dict) -> tuple[dict, bool, 
         say(note)
     if args.export_only and tag is None:
         fail(f"--export-only: no checkpoint in {resume_dir} to export; train first, or give --resume PATH")
-    return ds_config, node_local, resume_dir, tag
+    return node_local, resume_dir, tag
 
 
-def plateau_check(args, inputs: Inputs, vocab_size: int, ds_config: dict, device) -> PlateauCheck | None:
+def plateau_check(args, inputs: Inputs, vocab_size: int, device) -> PlateauCheck | None:
     """The check that warns while validation accuracy sits at the most frequent token's."""
     if args.plateau_check_samples <= 0 or not inputs.data.manifest["splits"]["validation"]["samples"]:
         return None
-    warmup_steps = ds_config.get("scheduler", {}).get("params", {}).get("warmup_num_steps", 0)
     return PlateauCheck(unigram_accuracy(inputs.val_batches, vocab_size, device), args.plateau_check_samples,
-                        warmup_steps)
+                        inputs.config.warmup_num_steps)
 
 
 def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardSet) -> tuple[int, dict]:
@@ -419,7 +414,7 @@ def start_records(run_dir: Path, args, inputs, ds_config: dict, mode_name: str, 
     """The run's record (every rank): what run_config.json holds, which rank 0 writes; the summary of
     an earlier launch goes, or it would say "finished" while this one trains."""
     run_config = json.loads(json.dumps(
-        {"args": vars(args), "deepspeed_config": inputs.given_config, "deepspeed_config_effective": ds_config,
+        {"args": vars(args), "deepspeed_config": inputs.config.given, "deepspeed_config_effective": ds_config,
          "comm_mode": mode_name, "world_size": dist.get_world_size(),
          "model_config": model_config.to_dict(), "checkpoints_node_local": node_local}, default=str))
     if dist.get_rank() == 0:
@@ -464,14 +459,14 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     inputs = check_inputs(args, device)
     data, batches, max_steps = inputs.data, inputs.batches, inputs.max_steps
-    ds_config, node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir, inputs.ds_config)
+    node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir)
 
     hf_model, model_config, init_checkpoint = pretraining_model(args, inputs, resuming=resume_tag is not None)
-    model = PretrainingModel(hf_model, attention=attention_layout(inputs.ds_config))
+    model = PretrainingModel(hf_model, attention=attention_layout(inputs.config))
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
-    engine, optimizer, scheduler, mode, ds_config = build_engine(ds_config, model)
+    engine, optimizer, scheduler, mode, ds_config = build_engine(inputs.config, model, node_local_checkpoints=node_local)
     topology = Topology.discover()  # which ranks share a node: the launcher's hostfile
     say(*mode.attach(engine, optimizer, model, topology))
     if args.compile:
@@ -519,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
     mode.begin(book.unlogged)
 
     with book.unlogged():  # the loop's own allreduce, not training's traffic
-        plateau = plateau_check(args, inputs, model_config.vocab_size, ds_config, device)
+        plateau = plateau_check(args, inputs, model_config.vocab_size, device)
 
     def validate(step: int) -> dict:
         """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""

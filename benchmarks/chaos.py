@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 
 import psutil
+from bench_common import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 BERT_LAUNCH = Path(sys.executable).parent / "bert-launch"
@@ -199,8 +199,8 @@ def chaos(work: Path, args: list[str], steps: int, kills: int, save_kills: int, 
             fault = kill_a_rank(launch, run, moment, kind == "save", rng)
         code = launch.wait()
         launches.append({"resumed_from": launch.resumed_from, "trained": launch.steps, "exit": code,
-                         "seconds": launch.seconds, "notes": [line for line in launch.lines if "damaged" in line
-                                                               or "error" in line.lower()][-3:]})
+                         "seconds": launch.seconds, "notes": [line for line in launch.lines if "is damaged" in line],
+                         "errors": [line for line in launch.lines if "error" in line.lower()][-3:]})
         if fault is not None:
             plan.pop(0)
             faults.append(fault)
@@ -256,7 +256,7 @@ def main() -> None:
     config = config_spanning(args.config, args.steps, args.work)
     result = chaos(args.work, training_args(args.data, args.steps, args.save_every, config), args.steps,
                    args.kills, args.save_kills, args.damages, args.seed, args.reference)
-    result["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    result["machine"] = f"{cpu_name()}, {os.cpu_count()} cores"
     result["command"] = " ".join(sys.argv)
     print(f"chaos: {result['steps']} steps, {result['kills']} kills ({result['kills_during_a_save']} during a save), "
           f"{result['damaged_checkpoints']} damaged checkpoints, {result['launches']} launches; {result['steps_lost']} "

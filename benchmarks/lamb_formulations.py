@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,8 +26,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "benchmarks" / "gpu")]
 
-from commodity_bert.optim import build as optim_build
+from commodity_bert.optim import build  # noqa: F401  (the shipped optimizers register themselves)
 from commodity_bert.optim.lamb import Lamb
+from commodity_bert.optim.registry import register_optimizer, registered
 
 
 class FusedLambFormulation(Lamb):
@@ -71,11 +73,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     config = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())
     curves = {}
-    for name, optimizer in (("project", Lamb), ("fusedlamb_formulation", FusedLambFormulation)):
-        optim_build.Lamb = optimizer  # what train.py's build_optimizer makes of "Lamb"
+    # the rebuilt formulation trains as an optimizer of its own, with Lamb's params
+    register_optimizer(replace(registered("Lamb"), type="FusedLambFormulation",
+                               build=lambda groups, params, config: FusedLambFormulation(groups, **params)))
+    for name, optimizer in (("project", "Lamb"), ("fusedlamb_formulation", "FusedLambFormulation")):
+        config["optimizer"]["type"] = optimizer
         rows = parts.train_once(config, work, name, Path(args.data), "tiny", args.steps)
         curves[name] = [r["loss"] for r in parts.trained_rows(rows)]
-    optim_build.Lamb = Lamb
     result = {"machine": f"CPU: {cpu_name()}", "torch": torch.__version__, "steps": args.steps,
               "config": "ds_configs/cpu_tiny_lamb.json", "cpu": curves}
     if args.gpu_session:

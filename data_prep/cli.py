@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from commodity_bert.cli_help import one_line_parser, show_defaults
+from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.vocab import VocabError
 from commodity_bert.run_dir import HF_MODEL
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="copies of the corpus with different masks/segmentation (default 5 static, 1 dynamic)")
     s.add_argument("--max-predictions", type=_positive, default=None,
                    help="masked positions per sample (default ceil(mask-prob × seq-len))")
-    s.add_argument("--mask-prob", type=_fraction, default=0.15)
+    s.add_argument("--mask-prob", type=_fraction, default=MASK_PROB)
     s.add_argument("--whole-word", action="store_true", help="mask whole words")
     s.add_argument("--short-seq-prob", type=_fraction, default=0.1)
     s.add_argument("--strata", type=_positive, default=4, help="length strata (bins of seq-len/N)")

@@ -233,3 +233,51 @@ def test_a_users_squad_and_conll_files_run_and_write_their_text(tmp_path, tiny, 
     assert len(documents) == len(contexts) and set(documents) == contexts
     assert not contexts & {" ".join(q.context.split()) for q in squad.dev}
     capsys.readouterr()
+
+
+def test_a_toy_family_registered_here_runs_through_bert_finetune(tmp_path, tiny, capsys):
+    """A family defined in this test and registered through families.register_family alone: --family
+    names it, its reader reads its own files, its flags' refusal, report lines and table cell are
+    its own; the fine-tuning itself reuses classification's hooks."""
+    from commodity_bert.finetune import tasks
+    from commodity_bert.finetune.families import FAMILIES, Family, register_family
+    from commodity_bert.finetune.table import table
+
+    class ToyTask(tasks.Task):
+        family = "toy"
+
+    def read(args):  # a line each: "label<TAB>text"
+        def split(path):
+            rows = [line.split("\t", 1) for line in path.read_text().splitlines() if line]
+            return tasks.Split([text for _, text in rows], [label for label, _ in rows])
+        task = tasks.finish("toy", "accuracy", split(args.train), split(args.validation), args.train, args.validation)
+        return ToyTask(**vars(task))
+
+    def length_rule(pretrained, task, train, dev, *rest) -> dict:  # the toy's baseline: "long" above 5 words
+        guesses = ["long" if len(text.split()) > 5 else "short" for text in task.dev.texts]
+        return {"length_rule": {"value": sum(g == y for g, y in zip(guesses, task.dev.labels)) / len(guesses)}}
+
+    words = "the cat sat on a mat by the door of an old red house".split()
+    for name, size in (("train", 96), ("dev", 32)):
+        lines = [f"{'long' if i % 2 else 'short'}\t{' '.join(words[: 9 if i % 2 else 3])}" for i in range(size)]
+        (tmp_path / f"{name}.toy").write_text("\n".join(lines) + "\n")
+    classification = FAMILIES["classification"]
+    register_family(Family(
+        "toy", "the toy family", classification.encode, classification.finetune, length_rule, from_files=read,
+        sample_train=tasks.sample_train, units="lines",
+        head=lambda hp: "mean pooling (toy)", report_lines=lambda r: [f"length rule {100 * r['length_rule']['value']:.1f}%"],
+        no_model_baseline=lambda r: (r["length_rule"]["value"], "length rule")))
+    try:
+        args = ["--model", tiny, "--train", tmp_path / "train.toy", "--validation", tmp_path / "dev.toy",
+                "--family", "toy", *QUICK, "--json", tmp_path / "toy.json"]
+        finetune_main([str(a) for a in args])
+        out = capsys.readouterr().out
+        assert "toy (toy): accuracy on 32 dev lines (96 train)" in out and "mean pooling (toy)" in out, out
+        assert "length rule 100.0%" in out, out
+        result = json.loads((tmp_path / "toy.json").read_text())
+        assert result["family"] == "toy" and 0 <= result["median"] <= 1
+        assert "| toy | toy | accuracy | 32 |" in table([result]) and "100.0 (length rule)" in table([result])
+        code, stderr = refusal(finetune_main, [str(a) for a in args[:-2]] + ["--stride", "8"], capsys)
+        assert code == 2 and "--stride is for extractive QA; this task is toy" in stderr, stderr
+    finally:
+        FAMILIES.pop("toy")

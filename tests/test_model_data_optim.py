@@ -25,6 +25,7 @@ from commodity_bert.data.vocab import Vocab
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.lamb import Lamb
+from commodity_bert.run_config import RunConfig
 
 
 @pytest.fixture(scope="module")
@@ -339,12 +340,15 @@ def test_optimizer_choice_follows_the_config():
     model = torch.nn.Module()
     model.dense, model.LayerNorm = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)  # HF BERT's names
     lamb = {"optimizer": {"type": "Lamb", "params": {"lr": 0.1, "weight_decay": 0.01}}, "train_batch_size": 8}
-    opt, groups, config = build_optimizer(lamb, model)  # the project's LAMB, on every device
-    assert isinstance(opt, Lamb) and "optimizer" not in config and config["train_batch_size"] == 8
+    opt, groups = build_optimizer(lamb, model)  # the project's LAMB, on every device
+    assert isinstance(opt, Lamb)
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0] and len(groups[1]["params"]) == 3
     fused = {**lamb, "commodity_bert": {"lamb": {"implementation": "deepspeed"}}}
-    opt, _, config = build_optimizer(fused, model)  # DeepSpeed's FusedLamb, asked for
-    assert opt is None and config["optimizer"]["type"] == "Lamb"
+    opt, _ = build_optimizer(fused, model)  # DeepSpeed's FusedLamb, asked for
+    assert opt is None
+    # DeepSpeed gets the JSON as written, less the project's block, and less the optimizer it does not build
+    assert RunConfig.parse(fused).for_deepspeed() == lamb
+    assert RunConfig.parse(fused).for_deepspeed(without_optimizer=True) == {"train_batch_size": 8}
     adam = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
     assert build_optimizer(adam, model)[0] is None
 
@@ -361,7 +365,7 @@ def test_a_head_warmup_holds_the_encoder_for_its_steps_and_raises_the_heads_rate
     model.encoder, model.cls = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)  # HF BERT's head is "cls."
     config = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1, "weight_decay": 0.01}},
               "commodity_bert": {"head_warmup": {"steps": 3, "head_lr_scale": 5.0}}}
-    _, groups, _ = build_optimizer(config, model)
+    _, groups = build_optimizer(config, model)
     assert [(len(g["params"]), bool(g.get(HEAD_GROUP))) for g in groups] == [(1, False), (1, False), (1, True), (1, True)]
     optimizer = torch.optim.AdamW(groups, lr=0.1, weight_decay=0.01)
     scheduler = HeadWarmupScheduler(WarmupDecayLR(optimizer, total_num_steps=10, warmup_max_lr=0.1,

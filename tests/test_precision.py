@@ -106,7 +106,7 @@ def _onebit_row_mask_under_bf16(rank, world, results):
     model = TinyEmbeddingModel().to(torch.bfloat16)
     config = {"optimizer": {"type": "OneBitLamb", "params": {"lr": 0.01, "freeze_step": FREEZE,
                                                              "weight_decay": 0.01}}}
-    inner, _, _ = build_optimizer(config, model)
+    inner, _ = build_optimizer(config, model)
     optimizer = _fp16_wrapper(inner, dtype=torch.bfloat16)
     results["primed_steps"] = inner.step_count  # DeepSpeed's priming step must not count
     table = model.word_embeddings.weight

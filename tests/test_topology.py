@@ -13,7 +13,8 @@ from test_comm import _join_gloo
 from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, TwoLevelCompressedAllreduce
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import average
-from commodity_bert.comm.topology import Topology, check_setting
+from commodity_bert.comm.topology import Topology
+from commodity_bert.run_config import RunConfig
 
 WORLD, NODE_OF = 4, [0, 0, 1, 1]
 NUMEL = 4 * 256 * 12  # slices of whole 256-element scale blocks, split evenly over 2 servers
@@ -126,7 +127,9 @@ def test_topology_choices_from_the_node_keys():
     chosen, line = uneven.choose("auto")
     assert not chosen and "the same number of ranks on every node" in line and "[2, 1] ranks" in line
     assert ranks(["CROSS_RANK=1", "CROSS_RANK=0"]).node_of == [0, 1]  # numbered by first rank
-    assert check_setting({"commodity_bert": {"hierarchy": {"enabled": "yes"}}}) == \
+    def problem(config: dict) -> str | None:
+        return RunConfig.parse(config).problems()
+    assert problem({"commodity_bert": {"hierarchy": {"enabled": "yes"}}}) == \
         "hierarchy enabled 'yes': give \"auto\", true or false"
-    assert check_setting({"commodity_bert": {"hierarchy": {"enabled": False}}}) is None
-    assert check_setting({}) is None
+    assert problem({"commodity_bert": {"hierarchy": {"enabled": False}}}) is None
+    assert problem({}) is None

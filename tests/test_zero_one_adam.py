@@ -174,9 +174,10 @@ def _engine_worker(rank, world, port, results, precision):
               "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": E_LR,
                                                            "warmup_num_steps": E_STEPS, "warmup_type": "linear"}}}
     from commodity_bert.optim.build import build_optimizer
+    from commodity_bert.run_config import RunConfig
     mode = comm_mode.select(config)
-    config = mode.deepspeed_config(config)
-    optimizer, parameters, config = build_optimizer(config, model)
+    optimizer, parameters = build_optimizer(config, model)
+    config = mode.deepspeed_config(RunConfig.parse(config).for_deepspeed(without_optimizer=True))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                            config=config)
     mode.attach(engine, optimizer, model)

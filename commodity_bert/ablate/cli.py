@@ -31,6 +31,7 @@ from commodity_bert.ablate.record import Ablation, AblationError, downstream_fil
 from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.data.shard_format import atomic_write_text as atomic_write
 from commodity_bert.model.card import refresh_card
+from commodity_bert.run_config import RunConfig
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
 
 
@@ -225,7 +226,7 @@ def plan(args: argparse.Namespace) -> tuple[Ablation, list[runs.Run]]:
             steps = math.ceil(args.samples / total_batch)
             config = grid.fit_to_budget(variant.config, steps)
         else:
-            steps = variant.config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+            steps = RunConfig.parse(variant.config).total_num_steps
             if not steps:
                 raise AblationError(f"variant {variant.name}: --minutes needs total_num_steps in the config's "
                                     f"scheduler (the step cap); or give --samples")

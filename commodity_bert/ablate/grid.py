@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commodity_bert.run_config import RunConfig
 from commodity_bert.train.launch_checks import LaunchError, load_deepspeed_config
 
 
@@ -27,7 +27,7 @@ class Variant:
 
 def load_config(path: Path, flag: str) -> dict:
     try:
-        return load_deepspeed_config(str(path), flag)
+        return load_deepspeed_config(str(path), flag).given  # a variant's JSON, changed key by key
     except LaunchError as exc:
         raise GridError(str(exc)) from exc
 
@@ -149,13 +149,4 @@ def from_vary(base_path: Path, specs: list[str]) -> list[Variant]:
 def fit_to_budget(config: dict, steps: int) -> dict:
     """The lr schedule spans the run: DeepSpeed's total_num_steps (and, in proportion, its warmup)
     set to the budget's steps, so every variant decays to its end whatever its batch size."""
-    params = config.get("scheduler", {}).get("params", {})
-    if "total_num_steps" not in params:
-        return config
-    config = copy.deepcopy(config)
-    params = config["scheduler"]["params"]
-    old_total = params["total_num_steps"]
-    if "warmup_num_steps" in params and old_total:
-        params["warmup_num_steps"] = max(1, min(steps, math.ceil(params["warmup_num_steps"] * steps / old_total)))
-    params["total_num_steps"] = steps
-    return config
+    return RunConfig.parse(config).with_schedule(steps)

@@ -19,12 +19,34 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commodity_bert.project_block import section
+from commodity_bert.run_config import RunConfig, register_section
 
 
-def bucketwise_settings(ds_config: dict) -> dict | None:
-    block = section(ds_config, "bucketwise_clipping")
-    return block if block.get("enabled") else None
+DEFAULTS = {"enabled": False, "bucket_mb": 25, "max_norm": 1.0}
+
+
+def check_settings(settings: dict, config: RunConfig) -> str | None:
+    if not isinstance(settings["enabled"], bool):
+        return f'"commodity_bert.bucketwise_clipping.enabled" must be true or false, not {settings["enabled"]!r}'
+    for key in ("bucket_mb", "max_norm"):
+        value = settings[key]
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+            return f'"commodity_bert.bucketwise_clipping.{key}" {value!r}: give a number above 0'
+    return None
+
+
+register_section("bucketwise_clipping", DEFAULTS, check_settings)
+
+
+def bucket_mb(config: RunConfig | dict) -> float:
+    """The buckets' size, whether or not the config enables the clipping (bert-plan prices it)."""
+    return RunConfig.of(config).section("bucketwise_clipping")["bucket_mb"]
+
+
+def bucketwise_settings(config: RunConfig | dict) -> dict | None:
+    """The section with its defaults where it is enabled, else None."""
+    settings = RunConfig.of(config).section("bucketwise_clipping")
+    return settings if settings["enabled"] else None
 
 
 class BucketwiseClipAllreduce:

@@ -58,7 +58,7 @@ from commodity_bert.collectives.lowbit import ROUNDINGS, LowBitAverage
 from commodity_bert.comm import bytes_counter
 from commodity_bert.comm.topology import world_timeout
 from commodity_bert.optim.precision import MasterParams
-from commodity_bert.project_block import PROJECT_BLOCK
+from commodity_bert.run_config import RunConfig, register_section
 
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
             "compression": "none", "outer_state_device": "auto", "rounding": "nearest", "error_feedback": False,
@@ -68,12 +68,13 @@ STATE_DEVICES = ("auto", "cpu", "accelerator")
 LAYER = re.compile(r"\.layer\.(\d+)\.")
 
 
-def diloco_settings(ds_config: dict) -> dict | None:
-    """The DiLoCo settings with defaults filled in, or None when the config does not enable it."""
-    block = ds_config.get(PROJECT_BLOCK, {}).get("diloco")  # {} enables it with the defaults
-    if block is None:
+def diloco_settings(config: RunConfig | dict) -> dict | None:
+    """The DiLoCo settings with defaults filled in, or None when the config does not enable it
+    (`"diloco": {}` enables it with the defaults)."""
+    config = RunConfig.of(config)
+    if config.given_section("diloco") is None:
         return None
-    settings = {**DEFAULTS, **block}
+    settings = config.section("diloco")
     return settings if settings["enabled"] else None
 
 
@@ -114,6 +115,9 @@ def check_settings(settings: dict) -> str | None:
         return (f"diloco warmup_steps {settings['warmup_steps']!r}: give 0 or more steps of ordinary data-parallel "
                 f"training before the first round, e.g. 0")
     return None
+
+
+register_section("diloco", DEFAULTS, lambda settings, config: check_settings(settings) if settings["enabled"] else None)
 
 
 def _state_device(choice: str, master_device: torch.device, numel: int) -> torch.device:

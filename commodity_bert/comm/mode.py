@@ -36,9 +36,15 @@ from commodity_bert.comm.bucketwise import BucketwiseClipAllreduce, bucketwise_s
 from commodity_bert.comm.diloco import DiLoCo, check_settings, diloco_settings
 from commodity_bert.comm.grad_norm import gradient_norm
 from commodity_bert.comm.topology import Hierarchy, Topology, hierarchy_setting
-from commodity_bert.optim.build import optimizer_name
 from commodity_bert.optim.precision import MasterParams, current_loss_scale
-from commodity_bert.project_block import without_block
+from commodity_bert.optim.registry import of_config
+from commodity_bert.run_config import RunConfig
+
+
+def compressing_optimizer(config: RunConfig) -> bool:
+    """The config's optimizer sends its own compressed exchange instead of the gradient allreduce."""
+    entry = of_config(config)
+    return entry is not None and entry.compresses
 
 
 class ModeStateError(Exception):
@@ -53,15 +59,16 @@ class CommMode:
     ranks_step_alone = False  # each rank steps on its own gradients between exchanges
 
     @staticmethod
-    def enabled(config: dict) -> bool:
+    def enabled(config: RunConfig) -> bool:
         return True
 
     @classmethod
-    def refusal(cls, config: dict, stage: int) -> str | None:
+    def refusal(cls, config: RunConfig, stage: int) -> str | None:
         return None
 
-    def __init__(self, config: dict):
-        self.zero_stage = config.get("zero_optimization", {}).get("stage", 0)
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.zero_stage = config.zero_stage
         self.local_clip = 0.0
         self.unlogged = contextlib.nullcontext
         self._measure, self._norm = False, (None, False)
@@ -70,8 +77,8 @@ class CommMode:
 
     # ---- set-up
     def deepspeed_config(self, config: dict) -> dict:
-        """The config DeepSpeed gets: the project's block is not DeepSpeed's."""
-        return without_block(config)
+        """The JSON DeepSpeed gets (RunConfig.for_deepspeed's), with this mode's changes."""
+        return config
 
     def attach(self, engine, optimizer, model, topology: Topology | None = None) -> list[str]:
         """Wire into the engine; returns lines for rank 0 to print. `topology`: which ranks share a
@@ -158,20 +165,20 @@ class BucketwiseClipping(CommMode):
     name = "bucketwise_clipping"
 
     @staticmethod
-    def enabled(config: dict) -> bool:
+    def enabled(config: RunConfig) -> bool:
         return bucketwise_settings(config) is not None
 
     @classmethod
-    def refusal(cls, config: dict, stage: int) -> str | None:
+    def refusal(cls, config: RunConfig, stage: int) -> str | None:
         if stage >= 1:
             return (f"bucket-wise clipping cannot run under ZeRO stage {stage}: it replaces the gradient "
                     f"allreduce that ZeRO turns into a reduce-scatter; use stage 0")
-        if optimizer_name(config) in ("onebitlamb", "zerooneadam"):
-            return (f"bucket-wise clipping and {config['optimizer']['type']} both replace the gradient allreduce; "
+        if compressing_optimizer(config):
+            return (f"bucket-wise clipping and {config.optimizer_type} both replace the gradient allreduce; "
                     f"enable one of them")
         return None
 
-    def __init__(self, config: dict):
+    def __init__(self, config: RunConfig):
         super().__init__(config)
         self.settings = bucketwise_settings(config)
 
@@ -181,8 +188,7 @@ class BucketwiseClipping(CommMode):
     def attach(self, engine, optimizer, model, topology=None) -> list[str]:
         lines = super().attach(engine, optimizer, model, topology)
         engine.enable_backward_allreduce = False
-        self.clipper = BucketwiseClipAllreduce(self.params, self.settings.get("bucket_mb", 25),
-                                               self.settings.get("max_norm", 1.0),
+        self.clipper = BucketwiseClipAllreduce(self.params, self.settings["bucket_mb"], self.settings["max_norm"],
                                                lambda: current_loss_scale(engine.optimizer))
         return lines
 
@@ -207,11 +213,11 @@ class CompressingOptimizer(CommMode):
     optimizer_type = ""  # DeepSpeed's name, as the config and the messages spell it
 
     @classmethod
-    def enabled(cls, config: dict) -> bool:
-        return optimizer_name(config) == cls.optimizer_type.lower()
+    def enabled(cls, config: RunConfig) -> bool:
+        return config.optimizer_name == cls.optimizer_type.lower()
 
     @classmethod
-    def refusal(cls, config: dict, stage: int) -> str | None:
+    def refusal(cls, config: RunConfig, stage: int) -> str | None:
         if stage >= 1:
             return (f"{cls.optimizer_type} cannot run under ZeRO stage {stage}: it replaces the gradient allreduce "
                     f"with its own compressed one, which ZeRO's partitioned gradients bypass; use stage 0")
@@ -257,12 +263,11 @@ class RanksStepAlone(CommMode):
 
     def deepspeed_config(self, config: dict) -> dict:
         config = super().deepspeed_config(config)
-        wrapped = config.get("fp16", {}).get("enabled") or config.get("bf16", {}).get("enabled")
-        if not wrapped:
+        if self.config.precision == "fp32":
             # DeepSpeed clips fp32 gradients by the norm averaged over the ranks: an allreduce at
             # every step, which local steps exist to avoid. Each rank clips its own gradient
             # instead, as DeepSpeed's fp16/bf16 wrapper does.
-            self.local_clip = config.get("gradient_clipping", 0.0)
+            self.local_clip = self.config.gradient_clipping
             config = {**config, "gradient_clipping": 0.0}
         return config
 
@@ -349,16 +354,16 @@ class DiLoCoMode(RanksStepAlone):
     name = "diloco"
 
     @staticmethod
-    def enabled(config: dict) -> bool:
+    def enabled(config: RunConfig) -> bool:
         return diloco_settings(config) is not None
 
     @classmethod
-    def refusal(cls, config: dict, stage: int) -> str | None:
+    def refusal(cls, config: RunConfig, stage: int) -> str | None:
         problem = check_settings(diloco_settings(config))
         if problem:
             return problem
-        if optimizer_name(config) in ("onebitlamb", "zerooneadam"):
-            return (f"DiLoCo and {config['optimizer']['type']} cannot be combined: both decide when the ranks "
+        if compressing_optimizer(config):
+            return (f"DiLoCo and {config.optimizer_type} cannot be combined: both decide when the ranks "
                     f"communicate; use Lamb or AdamW inside DiLoCo")
         if BucketwiseClipping.enabled(config):
             return ("DiLoCo and bucket-wise clipping cannot be combined: bucket-wise clipping allreduces "
@@ -368,7 +373,7 @@ class DiLoCoMode(RanksStepAlone):
                     f"ranks, so no rank can take an inner step alone; use stage 0")
         return None
 
-    def __init__(self, config: dict):
+    def __init__(self, config: RunConfig):
         super().__init__(config)
         self.settings = diloco_settings(config)
         self.diloco: DiLoCo | None = None
@@ -424,11 +429,13 @@ class DiLoCoMode(RanksStepAlone):
 MODES = (DiLoCoMode, BucketwiseClipping, OneBitLambMode, ZeroOneAdamMode, CommMode)
 
 
-def mode_class(config: dict) -> type[CommMode]:
+def mode_class(config: RunConfig | dict) -> type[CommMode]:
+    config = RunConfig.of(config)
     return next(mode for mode in MODES if mode.enabled(config))
 
 
-def select(config: dict) -> CommMode:
+def select(config: RunConfig | dict) -> CommMode:
     """The run's communication mode, chosen once from the DeepSpeed config (checked beforehand
     by launch_checks, which asks the mode for its refusals)."""
+    config = RunConfig.of(config)
     return mode_class(config)(config)

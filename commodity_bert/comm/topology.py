@@ -38,21 +38,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from commodity_bert.project_block import section
+from commodity_bert.run_config import RunConfig, register_section
 
 DEFAULTS = {"enabled": "auto"}
 
 
-def hierarchy_setting(ds_config: dict):
-    return {**DEFAULTS, **section(ds_config, "hierarchy")}["enabled"]
+def hierarchy_setting(config: RunConfig | dict):
+    return RunConfig.of(config).section("hierarchy")["enabled"]
 
 
-def check_setting(ds_config: dict) -> str | None:
+def check_setting(settings: dict, config: RunConfig) -> str | None:
     """The problem with a hierarchy block, as one line, or None."""
-    value = hierarchy_setting(ds_config)
+    value = settings["enabled"]
     if value != "auto" and not isinstance(value, bool):
         return f'hierarchy enabled {value!r}: give "auto", true or false'
     return None
+
+
+register_section("hierarchy", DEFAULTS, check_setting)
 
 
 def world_timeout():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.masking import MASK_PROB
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,8 @@ class ShardSet:
     @property
     def nsp(self) -> bool:
         return self.manifest["nsp"]
+
+    @property
+    def mask_prob(self) -> float:
+        """The masking rate the shards were prepared for."""
+        return self.manifest.get("args", {}).get("mask_prob", MASK_PROB)

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
-from commodity_bert.data.masking import mask_selected, select_rows
+from commodity_bert.data.masking import MASK_PROB, mask_selected, select_rows
 from commodity_bert.data.vocab import Vocab
 
 PAD_MULTIPLE = 8
@@ -282,7 +282,7 @@ class BatchMaker:
         self.seq_len = manifest["seq_len"]
         args = manifest.get("args", {})
         if mask_prob is None:  # the rate the shards were prepared for
-            self.mask_prob = args.get("mask_prob", 0.15)
+            self.mask_prob = args.get("mask_prob", MASK_PROB)
             self.max_predictions = manifest.get("max_predictions") or int(np.ceil(self.mask_prob * self.seq_len))
         else:  # another rate (dynamic shards only): the prediction cap follows it
             self.mask_prob, self.max_predictions = mask_prob, int(np.ceil(mask_prob * self.seq_len))

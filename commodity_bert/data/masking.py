@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+MASK_PROB = 0.15  # BERT's rate: bert-data-prep's default, and the rate of shards whose manifest does not say
+
+
 
 def select_rows(tokens: np.ndarray, lengths: np.ndarray, *, rng: np.random.Generator, mask_prob: float,
                 max_predictions: int, is_special: np.ndarray, continuation: np.ndarray | None = None) -> np.ndarray:

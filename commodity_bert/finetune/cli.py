@@ -25,23 +25,13 @@ import sys
 from pathlib import Path
 
 from commodity_bert.cli_help import one_line_parser, show_defaults
-from commodity_bert.finetune import qa, tagging, tasks
 from commodity_bert.finetune.evaluation import evaluate
+from commodity_bert.finetune.families import DEFAULT, FAMILIES, embedded_tasks, families
 from commodity_bert.finetune.metrics import METRICS
 from commodity_bert.finetune.models import POOLINGS, ModelError
 from commodity_bert.finetune.tasks import TaskError
 
 PROG = "bert-finetune"
-FAMILIES = ("classification", "qa", "tagging")
-# --min-steps by family: entity tagging on 2,000 sentences (embedded:entities, the quickstart's
-# tiny) scored an entity F1 of 0.2% (median of 3 seeds) at 3 epochs = 200 steps, 28.1% at 630 and
-# 26.6% at 1,890 (benchmarks/RESULTS.md, 2026-11-28): a span head needs more steps than a sentence's
-MIN_STEPS = {"classification": 200, "qa": 600, "tagging": 600}
-EMBEDDED = {**{name: ("classification", make) for name, make in tasks.EMBEDDED.items()},
-            **{name: ("qa", make) for name, make in qa.EMBEDDED.items()},
-            **{name: ("tagging", make) for name, make in tagging.EMBEDDED.items()}}
-CLASSIFICATION_ONLY = {"text_pair_field": "--text-pair-field", "metric": "--metric", "positive_label": "--positive-label",
-                       "glue": "--glue"}
 
 
 class UsageError(Exception):
@@ -64,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--watch", type=Path, metavar="RUN", help="probe each new checkpoint and export of this "
                        "(running or finished) run; rows go to RUN/downstream.jsonl and its TensorBoard")
     task = p.add_argument_group("the task (one of)")
-    task.add_argument("--task", help=f"an embedded task: {', '.join(EMBEDDED)}")
+    task.add_argument("--task", help=f"an embedded task: {', '.join(embedded_tasks())}")
     task.add_argument("--glue", nargs=2, metavar=("TASK", "DIR"),
                       help="GLUE's own TSVs: SST-2, CoLA, MRPC, QQP, QNLI, RTE or MNLI, and the directory of its "
                            "train.tsv and dev.tsv (MNLI: dev_matched.tsv)")
@@ -72,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "dataset; extractive QA: SQuAD's JSON (or its rows as JSONL / a saved dataset); token "
                       "tagging: CoNLL columns (.conll, .iob, .bio, .txt, .tsv) or JSONL tokens + tags")
     task.add_argument("--validation", type=Path, help="the dev set, in the same form")
-    task.add_argument("--family", choices=FAMILIES, help="the task family (default: from the --train file's "
+    task.add_argument("--family", choices=sorted(FAMILIES), help="the task family (default: from the --train file's "
                       "layout: SQuAD's JSON is qa, CoNLL columns and JSONL tokens + tags are tagging, the rest "
                       "classification; .txt/.tsv files are tagging only when named so)")
     task.add_argument("--text-field", default="text")
@@ -98,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--lr auto scores each rate by K-fold cross-validation on the training rows (K "
                          "fine-tunings a rate) instead of one held-out slice (default %(default)s: the slice)")
     hp.add_argument("--min-steps", type=int, help="at least this many optimizer steps (more epochs for a small "
-                    "task; default: 200 for classification, 600 for QA and tagging)")
+                    "task; default: " + ", ".join(f"{f.min_steps} for {f.description}" for f in families()) + ")")
     hp.add_argument("--pooling", choices=POOLINGS, default="mean",
                     help="what the classifier reads: mean of the final states (default), HF's pooler (dense + "
                          "tanh on [CLS], untrained after MLM-only pretraining), or the [CLS] state")
@@ -184,53 +174,26 @@ def check_arguments(args) -> None:
         raise UsageError(f"--json {args.json}: give a file's path in an existing directory")
 
 
-def embedded_entry(name: str) -> tuple:
-    """(family, the function that reads it) of an embedded task."""
-    if name not in EMBEDDED:
-        raise TaskError(f"--task {name}: unknown; embedded tasks: {', '.join(EMBEDDED)}")
-    return EMBEDDED[name]
-
-
-def embedded(name: str):
-    return embedded_entry(name)[1]()
-
-
 def family_of(args) -> str:
-    """The family --family names, else the one the --train file's layout says."""
+    """The family of the --task named, else the one --family names, else the one the --train
+    file's layout says (the first family that recognises it)."""
     if args.task is not None:
-        return embedded_entry(args.task)[0]
-    if args.glue is not None or args.train is None:
-        return args.family or "classification"
-    if args.family:
-        return args.family
-    if qa.is_squad(args.train):
-        return "qa"
-    return "tagging" if tagging.is_tagging(args.train) else "classification"
+        embedded = embedded_tasks()
+        if args.task not in embedded:
+            raise TaskError(f"--task {args.task}: unknown; embedded tasks: {', '.join(embedded)}")
+        return embedded[args.task].name
+    if args.family or args.glue is not None or args.train is None:
+        return args.family or DEFAULT
+    return next((f.name for f in families() if f.detects is not None and f.detects(args.train)), DEFAULT)
 
 
 def load_task(args):
-    family = family_of(args)
-    if family != "classification":
-        given = [flag for name, flag in CLASSIFICATION_ONLY.items() if getattr(args, name) is not None]
-        given += ["--head-init probe"] if args.head_init == "probe" else []
-        given += [f"--pooling {args.pooling}"] if args.pooling != "mean" else []
-        if given:
-            raise UsageError(f"{given[0]} is for classification; this task is {family}")
-        if family == "tagging" and args.stride is not None:
-            raise UsageError("--stride is for extractive QA; this task is tagging")
-        module = qa if family == "qa" else tagging
-        task = embedded(args.task) if args.task is not None else module.from_files(args.train, args.validation)
-        return task if args.train_examples is None else module.sample_train(task, args.train_examples)
-    if args.stride is not None:
-        raise UsageError("--stride is for extractive QA; this task is classification")
-    if args.task is not None:
-        task = embedded(args.task)
-    elif args.glue is not None:
-        task = tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
-    else:
-        task = tasks.from_files(args.train, args.validation, args.text_field, args.text_pair_field,
-                                args.label_field, args.metric or "accuracy", args.positive_label)
-    return task if args.train_examples is None else tasks.sample_train(task, args.train_examples)
+    family = FAMILIES[family_of(args)]
+    for other in families():  # a flag only another family takes would be ignored: refused
+        if other is not family and (given := other.own_flags(args)):
+            raise UsageError(f"{given[0]} is for {other.description}; this task is {family.name}")
+    task = family.embedded[args.task]() if args.task is not None else family.from_files(args)
+    return task if args.train_examples is None else family.sample_train(task, args.train_examples)
 
 
 def write_train_text(task, path: Path) -> None:
@@ -240,13 +203,7 @@ def write_train_text(task, path: Path) -> None:
         raise UsageError(f"--write-train-text {path}: a directory; give a file name such as {path}/train.txt")
     if not path.parent.is_dir():
         raise UsageError(f"--write-train-text {path}: no directory {path.parent}; create it first")
-    if task.family == "qa":  # each context once, in order
-        documents = [[text] for text in dict.fromkeys(q.context for q in task.train)]
-    elif task.family == "tagging":
-        documents = [[" ".join(words)] for words in task.train.words]
-    else:
-        documents = [[text] + ([pair] if pair else []) for text, pair in
-                     zip(task.train.texts, task.train.pairs or [None] * len(task.train.texts))]
+    documents = FAMILIES[task.family].train_texts(task)
     temporary = path.with_name(path.name + ".partial")
     with open(temporary, "w", encoding="utf-8") as fh:
         for document in documents:
@@ -279,50 +236,15 @@ def pick_precision(requested: str, device) -> str:
     return "bf16" if "avx512_bf16" in flags.split() or "amx_bf16" in flags.split() else "fp32"
 
 
-def hyperparameters(args, device, family: str = "classification"):
+def hyperparameters(args, device, family: str = DEFAULT):
     from commodity_bert.finetune.trainer import Hyperparameters
     return Hyperparameters(epochs=args.epochs, lr=None if args.lr == "auto" else args.lr, batch_size=args.batch_size,
                            max_seq_len=args.max_seq_len, warmup_fraction=args.warmup_fraction,
                            weight_decay=args.weight_decay, dropout=args.dropout,
                            precision=pick_precision(args.precision, device),
-                           min_steps=MIN_STEPS[family] if args.min_steps is None else args.min_steps,
+                           min_steps=FAMILIES[family].min_steps if args.min_steps is None else args.min_steps,
                            pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr,
                            head_init=args.head_init, stride=args.stride)
-
-
-def collapse_warning(result: dict) -> str | None:
-    rep = result.get("representations") or {}
-    if not rep.get("collapsed"):
-        return None
-    return (f"warning: the pretrained model tells its inputs apart no better than random weights (mean cosine "
-            f"{rep['mean_cosine']:.3f} between the inputs' mean-pooled states; random init "
-            f"{rep['random_init_mean_cosine']:.3f}): its pretraining looks collapsed onto the unigram plateau "
-            f"(train.py's plateau warning names the likely causes)")
-
-
-def baseline_lines(result: dict) -> list[str]:
-    """The report's lines for what needs no pretraining, per family."""
-    if result.get("family") == "qa":
-        window = result["sliding_window"]
-        return [f"{'sliding window':<24}{100 * window['value']:>7.1f}%   (exact match {100 * window['exact_match']:.1f}%: "
-                f"the {window['span_words']}-word span whose {window['width']} words each side share the most words "
-                f"with the question)"]
-    if result.get("family") == "tagging":
-        return [f"{'majority tag':<24}{100 * result['majority_tag']['value']:>7.1f}%   (each word's most frequent "
-                f"training tag, O for words never seen)"]
-    bow = result["bag_of_words"]
-    lines = [f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})"]
-    probe = result.get("linear_probe")
-    if probe:
-        lines.append(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression "
-                     f"on the frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
-    label = f"majority ({result['majority']['label']})"
-    lines.append(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
-    rep = result["representations"]
-    lines.append(f"representations: mean cosine between inputs {rep['mean_cosine']:.3f} (random init "
-                 f"{rep['random_init_mean_cosine']:.3f})")
-    warning = collapse_warning(result)
-    return lines + ([warning] if warning else [])
 
 
 def print_report(result: dict) -> None:
@@ -335,13 +257,10 @@ def print_report(result: dict) -> None:
     steps = result["per_seed"][0]["steps"]
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     sampled = result.get("train_examples")
-    family = result.get("family", "classification")
-    of = (f" of {sampled['of']}" + (", stratified" if family == "classification" else "")) if sampled else ""
-    head = {"classification": f"{hp['pooling']} pooling", "qa": "windows sharing "
-            f"{hp['stride'] if hp.get('stride') is not None else hp['max_seq_len'] // 4} tokens",
-            "tagging": "a word's tag on its first piece"}[family]
-    units = {"classification": "examples", "qa": "questions", "tagging": "sentences"}[family]
-    print(f"{result['task']} ({family}): {result['metric']} on {result['dev_size']} dev {units} "
+    family = FAMILIES[result.get("family", DEFAULT)]
+    of = (f" of {sampled['of']}" + (", stratified" if family.stratified else "")) if sampled else ""
+    head = family.head(hp)
+    print(f"{result['task']} ({family.name}): {result['metric']} on {result['dev_size']} dev {family.units} "
           f"({result['train_size']}{of} train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} "
           f"epochs, at least {hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, "
           f"{head}{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
@@ -354,7 +273,7 @@ def print_report(result: dict) -> None:
         if "exact_match" in row:
             em = row["exact_match"]
             print(f"{'  exact match':<24}{100 * em['median']:>7.1f}%{100 * em['min']:>7.1f}%{100 * em['max']:>7.1f}%")
-    for line in baseline_lines(result):
+    for line in family.report_lines(result):
         print(line)
     print(f"model: {result['model']}")
 

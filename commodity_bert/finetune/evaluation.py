@@ -2,16 +2,16 @@
 random init when asked), each at its chosen rate, beside the family's baselines (classification:
 the majority class, the bag of words, the linear probe; QA: the sliding window; tagging: the
 majority tag); the result object of `bert-finetune --json`. Shared by the CLI and `--watch`.
-Each family is a `Family` of hooks (FAMILIES), so the selection, the seeds and the arms are
-written once."""
+Each family is a `Family` of hooks (families.py), so the selection, the seeds and the arms are
+written once; classification's are here."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from commodity_bert.finetune import models, qa, tagging, tasks, trainer
+from commodity_bert.finetune import models, qa, tagging, tasks, trainer  # noqa: F401  (qa, tagging: their families)
+from commodity_bert.finetune.families import FAMILIES, Family, register_family
 from commodity_bert.finetune.models import ModelError, Pretrained
 from commodity_bert.finetune.tasks import Task, TaskError
 
@@ -48,29 +48,65 @@ def classification_baselines(pretrained: Pretrained, task: Task, train, dev, fit
             "positive_label": None if task.positive_label is None else str(task.positive_label)}
 
 
-@dataclass(frozen=True)
-class Family:
-    """A task family's hooks: `encode(task, tokenizer, hp, cache_dir)` → (train, dev, from
-    cache), whose splits have `labels` (selection's strata) and `subset(rows)`;
-    `finetune(pretrained, task, train, dev, seed, hp, device, random_init, progress, label)` →
-    {seed, value, ...}; `baselines(...)` → the result's baseline entries. evaluate() runs any
-    family the same way: selection, seeds, arms, baselines."""
-    encode: Callable
-    finetune: Callable
-    baselines: Callable
-
-
 def _encode_classification(task, tokenizer, hp, cache_dir):
     return trainer.encode(task, tokenizer, hp.max_seq_len, cache_dir)
 
 
-def _model_free(baselines):
-    return lambda pretrained, task, train, dev, *rest: baselines(task, train, dev)
+def _classification_from_files(args) -> Task:
+    if args.glue is not None:
+        return tasks.from_glue(args.glue[0], Path(args.glue[1]), args.positive_label, args.metric)
+    return tasks.from_files(args.train, args.validation, args.text_field, args.text_pair_field, args.label_field,
+                            args.metric or "accuracy", args.positive_label)
 
 
-FAMILIES = {"classification": Family(_encode_classification, trainer.finetune, classification_baselines),
-            "qa": Family(qa.encode, qa.finetune, _model_free(qa.baselines)),
-            "tagging": Family(tagging.encode, tagging.finetune, _model_free(tagging.baselines))}
+CLASSIFICATION_ONLY = {"text_pair_field": "--text-pair-field", "metric": "--metric", "positive_label": "--positive-label",
+                       "glue": "--glue"}
+
+
+def _classification_flags(args) -> list[str]:
+    given = [flag for name, flag in CLASSIFICATION_ONLY.items() if getattr(args, name, None) is not None]
+    given += ["--head-init probe"] if getattr(args, "head_init", None) == "probe" else []
+    return given + ([f"--pooling {args.pooling}"] if getattr(args, "pooling", "mean") != "mean" else [])
+
+
+def _classification_texts(task: Task) -> list[list[str]]:
+    return [[text] + ([pair] if pair else []) for text, pair in
+            zip(task.train.texts, task.train.pairs or [None] * len(task.train.texts))]
+
+
+def collapse_warning(result: dict) -> str | None:
+    rep = result.get("representations") or {}
+    if not rep.get("collapsed"):
+        return None
+    return (f"warning: the pretrained model tells its inputs apart no better than random weights (mean cosine "
+            f"{rep['mean_cosine']:.3f} between the inputs' mean-pooled states; random init "
+            f"{rep['random_init_mean_cosine']:.3f}): its pretraining looks collapsed onto the unigram plateau "
+            f"(train.py's plateau warning names the likely causes)")
+
+
+def _classification_report(result: dict) -> list[str]:
+    bow = result["bag_of_words"]
+    lines = [f"{'bag of words':<24}{100 * bow['value']:>7.1f}%   (logistic regression on word counts, C {bow['C']:g})"]
+    probe = result.get("linear_probe")
+    if probe:
+        lines.append(f"{'linear probe (frozen)':<24}{100 * probe['pretrained']['value']:>7.1f}%   (logistic regression "
+                     f"on the frozen mean-pooled features; random init's {100 * probe['random_init']['value']:.1f}%)")
+    label = f"majority ({result['majority']['label']})"
+    lines.append(f"{label[:24]:<24}{100 * result['majority']['value']:>7.1f}%")
+    rep = result["representations"]
+    lines.append(f"representations: mean cosine between inputs {rep['mean_cosine']:.3f} (random init "
+                 f"{rep['random_init_mean_cosine']:.3f})")
+    warning = collapse_warning(result)
+    return lines + ([warning] if warning else [])
+
+
+register_family(Family(
+    "classification", "classification", _encode_classification, trainer.finetune, classification_baselines,
+    from_files=_classification_from_files, sample_train=tasks.sample_train, embedded=tasks.EMBEDDED,
+    own_flags=_classification_flags, min_steps=200, units="examples", stratified=True,
+    head=lambda hp: f"{hp['pooling']} pooling", train_texts=_classification_texts,
+    report_lines=_classification_report,
+    no_model_baseline=lambda r: (r["bag_of_words"]["value"], "bag of words") if r.get("bag_of_words") else None))
 
 
 def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_dir: Path | None,

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from commodity_bert.finetune import trainer
+from commodity_bert.finetune.families import Family, register_family
 from commodity_bert.finetune.tasks import TaskError, first_row_keys, name_of, read_records, sampled_rows
 
 MAX_ANSWER_TOKENS = 30  # BERT's run_squad: max_answer_length
@@ -457,3 +458,21 @@ def embedded_squad() -> QATask:
 
 
 EMBEDDED = {"embedded:squad": embedded_squad}
+
+
+def _report(result: dict) -> list[str]:
+    window = result["sliding_window"]
+    return [f"{'sliding window':<24}{100 * window['value']:>7.1f}%   (exact match {100 * window['exact_match']:.1f}%: "
+            f"the {window['span_words']}-word span whose {window['width']} words each side share the most words "
+            f"with the question)"]
+
+
+register_family(Family(
+    "qa", "extractive QA", encode, finetune, lambda pretrained, task, train, dev, *rest: baselines(task, train, dev),
+    from_files=lambda args: from_files(args.train, args.validation), sample_train=sample_train, embedded=EMBEDDED,
+    detects=is_squad, own_flags=lambda args: ["--stride"] if getattr(args, "stride", None) is not None else [],
+    min_steps=600, units="questions",
+    head=lambda hp: f"windows sharing {hp['stride'] if hp.get('stride') is not None else hp['max_seq_len'] // 4} tokens",
+    train_texts=lambda task: [[text] for text in dict.fromkeys(q.context for q in task.train)],  # each context once
+    report_lines=_report,
+    no_model_baseline=lambda r: (r["sliding_window"]["value"], "sliding window") if r.get("sliding_window") else None))

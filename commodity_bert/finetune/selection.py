@@ -104,7 +104,7 @@ def select_lr(pretrained, task, train, hp, grid: list[float], seed: int, device,
     its rows to fit, scored on its held rows, the scores averaged over the splits. `train` is
     the task's encoded training split; nothing of the dev split is passed in. `splits`: the held-out
     slice alone (held_out_slice, the default) or `folds`. `finetune`: the task family's
-    (evaluation.FAMILIES; default: the classifier's)."""
+    (families.FAMILIES; default: the classifier's)."""
     from dataclasses import replace
 
     from commodity_bert.finetune import trainer

@@ -12,6 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from commodity_bert.finetune import evaluation  # noqa: F401  (every family registers itself)
+from commodity_bert.finetune.families import DEFAULT, FAMILIES
+
 
 def cell(row: dict | None) -> str:
     if not row:
@@ -20,12 +23,11 @@ def cell(row: dict | None) -> str:
 
 
 def model_free(r: dict) -> str:
-    """The family's baseline that needs no model: bag of words, sliding window, majority tag."""
-    for key, name in (("bag_of_words", "bag of words"), ("sliding_window", "sliding window"),
-                      ("majority_tag", "majority tag")):
-        if r.get(key):
-            return f"{100 * r[key]['value']:.1f} ({name})"
-    return "–"
+    """The family's baseline that needs no model (classification: the bag of words; QA: the
+    sliding window; tagging: the majority tag)."""
+    family = FAMILIES.get(r.get("family", DEFAULT))
+    baseline = family.no_model_baseline(r) if family else None
+    return f"{100 * baseline[0]:.1f} ({baseline[1]})" if baseline else "–"
 
 
 def table(results: list[dict]) -> str:
@@ -40,7 +42,7 @@ def table(results: list[dict]) -> str:
         majority = f"{100 * r['majority']['value']:.1f}" if r.get("majority") else "–"
         metric = r["metric"] + (f" (exact match {100 * r['exact_match']['median']:.1f})"
                                 if isinstance(r.get("exact_match"), dict) else "")
-        lines.append(f"| {r['task']} | {r.get('family', 'classification')} | {metric} | {r['dev_size']} | {cell(r)} | "
+        lines.append(f"| {r['task']} | {r.get('family', DEFAULT)} | {metric} | {r['dev_size']} | {cell(r)} | "
                      f"{lr(r)} | {cell(rand)} | {lr(rand)} | {model_free(r)} | {probe_cell} | {majority} | "
                      f"{len(r['per_seed'])} |")
     models = sorted({r["model"] for r in results})

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from commodity_bert.finetune import trainer
+from commodity_bert.finetune.families import Family, register_family
 from commodity_bert.finetune.tasks import TaskError, first_row_keys, name_of, read_records, sampled_rows
 
 CONLL_SUFFIXES = (".conll", ".conll03", ".conllu", ".iob", ".iob2", ".bio", ".txt", ".tsv")
@@ -326,3 +327,13 @@ def embedded_entities() -> TaggingTask:
 
 
 EMBEDDED = {"embedded:entities": embedded_entities}
+
+
+register_family(Family(
+    "tagging", "tagging", encode, finetune, lambda pretrained, task, train, dev, *rest: baselines(task, train, dev),
+    from_files=lambda args: from_files(args.train, args.validation), sample_train=sample_train, embedded=EMBEDDED,
+    detects=is_tagging, min_steps=600, units="sentences", head=lambda hp: "a word's tag on its first piece",
+    train_texts=lambda task: [[" ".join(words)] for words in task.train.words],
+    report_lines=lambda result: [f"{'majority tag':<24}{100 * result['majority_tag']['value']:>7.1f}%   (each "
+                                 f"word's most frequent training tag, O for words never seen)"],
+    no_model_baseline=lambda r: (r["majority_tag"]["value"], "majority tag") if r.get("majority_tag") else None))

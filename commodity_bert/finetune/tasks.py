@@ -46,7 +46,7 @@ class Split:
 
 @dataclass
 class Task:
-    family = "classification"  # evaluation.FAMILIES; qa.QATask and tagging.TaggingTask name theirs
+    family = "classification"  # families.FAMILIES; qa.QATask and tagging.TaggingTask name theirs
     name: str
     metric: str  # accuracy | f1 | mcc
     train: Split

@@ -33,7 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from commodity_bert.model import HEAD_PREFIX
-from commodity_bert.project_block import section
+from commodity_bert.model.sections import ATTENTION_LAYOUTS
 
 PRESETS = {
     "tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
@@ -47,12 +47,6 @@ class ModelConfigError(Exception):
     pass
 
 
-ATTENTION_LAYOUTS = ("padded", "jagged")
-
-
-def attention_layout(ds_config: dict) -> str:
-    """The config's `"commodity_bert": {"attention": {"layout": ...}}`, "padded" by default."""
-    return section(ds_config, "attention").get("layout", "padded")
 
 
 @dataclass

@@ -20,7 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from commodity_bert.project_block import section
+from commodity_bert.model.sections import pretraining_recipe
+from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import HF_MODEL, RUN_CONFIG, SUMMARY
 
 CARD = "README.md"
@@ -120,13 +121,11 @@ def card_text(run_dir: Path) -> str:
     data = ModelCardData(language="en", library_name="transformers", pipeline_tag="fill-mask",
                          tags=["bert", "fill-mask", "deepspeed", "commodity-bert"], model_name=name,
                          eval_results=results or None)
-    ds = config["deepspeed_config"]
-    optimizer = ds.get("optimizer", {})
-    recipe = section(ds, "pretraining")  # the config's own rates, if it sets them
+    ds = RunConfig.parse(config["deepspeed_config"])
+    recipe = pretraining_recipe(ds)  # the config's own rates, if it sets them
     shards_args = manifest.get("args") if isinstance(manifest.get("args"), dict) else {}
     mask_rate = recipe.get("mask_prob", shards_args.get("mask_prob", 0.15))
     dropout = recipe.get("dropout", model.get("hidden_dropout_prob"))
-    precision = "fp16" if ds.get("fp16", {}).get("enabled") else "bf16" if ds.get("bf16", {}).get("enabled") else "fp32"
     hosts = summary.get("hosts") or []
     devices = summary.get("devices") or []
     lines = [
@@ -145,9 +144,9 @@ def card_text(run_dir: Path) -> str:
         f"| wall time | {duration(summary.get('wall_s', 0))} ({duration(summary.get('trained_s', 0))} training) |",
         f"| ranks | {config['world_size']} on {len(set(hosts))} host(s): {', '.join(dict.fromkeys(hosts))} |",
         f"| hardware | {', '.join(dict.fromkeys(devices)) or 'not recorded'} |",
-        f"| optimizer | {optimizer.get('type')} {json.dumps(optimizer.get('params', {}))} |",
+        f"| optimizer | {ds.optimizer_type or None} {json.dumps(ds.optimizer_params)} |",
         f"| communication | {config.get('comm_mode')} |",
-        f"| precision | {precision} |",
+        f"| precision | {ds.precision} |",
         f"| masking rate, dropout (pretraining) | {mask_rate}, {dropout} |",
         f"| batch | {summary['samples'] // max(1, summary['step'])} sequences of {manifest.get('seq_len', '?')} tokens |",
         f"| final validation MLM accuracy | {'n/a' if acc is None else f'{100 * acc:.2f}%'} |",

@@ -17,24 +17,14 @@ encoder's), and at a rate of 0 neither the update nor decoupled weight decay mov
 """
 from __future__ import annotations
 
-from commodity_bert.model import HEAD_PREFIX
-from commodity_bert.project_block import section
+from commodity_bert.run_config import RunConfig, register_section
 
 HEAD_GROUP = "pretraining_head"  # the parameter-group option marking the heads' groups
 DEFAULTS = {"steps": 0, "encoder_lr_scale": 0.0, "head_lr_scale": 1.0}
 
 
-def head_warmup_settings(ds_config: dict) -> dict:
-    """The config's "commodity_bert.head_warmup" section with its defaults; steps 0: none."""
-    return {**DEFAULTS, **section(ds_config, "head_warmup")}
-
-
-def check_settings(ds_config: dict) -> str | None:
+def check_settings(settings: dict, config: RunConfig) -> str | None:
     """What is wrong with the section, as one line, or None."""
-    given = section(ds_config, "head_warmup")
-    if not given:
-        return None
-    settings = head_warmup_settings(ds_config)
     steps = settings["steps"]
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         return f'"commodity_bert.head_warmup.steps" must be a whole number of steps >= 0, not {steps!r}'
@@ -42,10 +32,18 @@ def check_settings(ds_config: dict) -> str | None:
         value = settings[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value < high:
             return f'"commodity_bert.head_warmup.{key}" must be in [{low}, {high}), not {value!r}'
-    if steps and "scheduler" not in ds_config:
+    if steps and not config.has_scheduler:
         return ('"commodity_bert.head_warmup" needs a "scheduler" block in the config (its rate is scaled after '
                 'each of the scheduler\'s steps); add one, e.g. WarmupDecayLR')
     return None
+
+
+SECTION = register_section("head_warmup", DEFAULTS, check_settings)
+
+
+def head_warmup_settings(config: RunConfig | dict) -> dict:
+    """The config's "commodity_bert.head_warmup" section with its defaults; steps 0: none."""
+    return RunConfig.of(config).section("head_warmup")
 
 
 class HeadWarmupScheduler:
@@ -91,10 +89,10 @@ class HeadWarmupScheduler:
         return getattr(self.scheduler, name)
 
 
-def install(engine, ds_config: dict):
+def install(engine, config: RunConfig):
     """Wrap the engine's scheduler where the config asks for a head warm-up; the scheduler to
     use (the engine's, wrapped or not)."""
-    settings = head_warmup_settings(ds_config)
+    settings = head_warmup_settings(config)
     if not settings["steps"] or engine.lr_scheduler is None:
         return engine.lr_scheduler
     engine.lr_scheduler = HeadWarmupScheduler(engine.lr_scheduler, settings["steps"], settings["encoder_lr_scale"],

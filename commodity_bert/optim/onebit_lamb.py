@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
+from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
 
 
 def check_params(params: dict) -> None:
@@ -260,3 +261,23 @@ class OneBitLamb(torch.optim.Optimizer):
         if state.get("compressor") is not None:
             self._ensure_compressor()
             self.compressor.load_state_dict(state["compressor"])
+
+
+def embeddings_apart(groups: list[dict], model) -> list[dict]:
+    """The embedding tables in a group of their own, marked for the row mask: a group option,
+    unlike parameter identities, survives DeepSpeed's fp16/bf16 wrapper, which replaces the groups'
+    tensors by fp32 copies."""
+    embeddings = {id(p) for n, p in model.named_parameters() if n.endswith("embeddings.weight")}
+    decay = groups[0]
+    return [{**decay, "params": [p for p in decay["params"] if id(p) not in embeddings]},
+            {**decay, "params": [p for p in decay["params"] if id(p) in embeddings], "row_masked": True},
+            *groups[1:]]
+
+
+# DeepSpeed's OneBitLamb parameter names
+register_optimizer(OptimizerEntry(
+    "OneBitLamb", frozenset({"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "freeze_step",
+                             "coeff_beta", "factor_max", "factor_min", "factor_threshold", "scale_block",
+                             "freeze_window", "freeze_threshold", "freeze_min_step", "freeze_max_step"}),
+    build=lambda groups, params, config: OneBitLamb(groups, **params), check_params=check_params,
+    compresses=True, plan_name="onebit_lamb", regroup=embeddings_apart))

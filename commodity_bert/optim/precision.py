@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from commodity_bert.run_config import RunConfig
+
 
 def current_loss_scale(optimizer) -> float:
     """The factor the gradients on the model's parameters carry now (1.0 in fp32 and bf16)."""
@@ -130,9 +132,9 @@ def native_cpu_bf16(cpuinfo: str | None = None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def cpu_bf16_warning(config_path: str, config: dict, cpuinfo: str | None = None) -> str | None:
+def cpu_bf16_warning(config_path: str, config: RunConfig | dict, cpuinfo: str | None = None) -> str | None:
     """One line for a bf16 config on a CPU without native bf16, naming the fp32 config to use."""
-    if not config.get("bf16", {}).get("enabled") or native_cpu_bf16(cpuinfo):
+    if not RunConfig.of(config).bf16 or native_cpu_bf16(cpuinfo):
         return None
     path = Path(config_path)
     fp32 = path.with_name(path.name.replace("bf16", "fp32"))

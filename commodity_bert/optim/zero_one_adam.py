@@ -42,6 +42,7 @@ import torch
 
 from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
+from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
 
 
 def fresh_schedule() -> dict:
@@ -324,3 +325,11 @@ class ZeroOneAdam(torch.optim.Optimizer):
     def load_rank_state_dict(self, state: dict) -> None:
         if state.get("compressor") is not None:
             self._ensure_compressor().load_state_dict(state["compressor"])
+
+
+# DeepSpeed's ZeroOneAdam parameter names (bias_correction: accepted when false, as it never had any)
+register_optimizer(OptimizerEntry(
+    "ZeroOneAdam", frozenset({"lr", "betas", "eps", "weight_decay", "var_freeze_step", "var_update_scaler",
+                              "local_step_scaler", "local_step_clipper", "scale_block"}),
+    build=lambda groups, params, config: ZeroOneAdam(groups, **params), check_params=check_params,
+    compresses=True, plan_name="zero_one_adam"))

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import torch
 
+from commodity_bert.comm.bucketwise import bucket_mb
 from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
 from commodity_bert.comm.diloco import diloco_settings
 from commodity_bert.comm.topology import hierarchy_setting
+from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.optim.zero_one_adam import ZeroOneAdam
 from commodity_bert.plan.step_model import (
     GBIT,
@@ -20,7 +22,7 @@ from commodity_bert.plan.step_model import (
     Workload,
     parse_rate,
 )
-from commodity_bert.project_block import section
+from commodity_bert.run_config import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DS_CONFIGS = REPO / "ds_configs"
@@ -53,7 +55,7 @@ def forward_backward_flops(model: str, vocab_size: int, seq_len: int, micro_batc
     from commodity_bert.model.bert import build_config, training_flops
     tokens = micro_batch * seq_len
     return training_flops(build_config(model, vocab_size), tokens, micro_batch * seq_len * seq_len,
-                          micro_batch * round(0.15 * seq_len))
+                          micro_batch * round(MASK_PROB * seq_len))
 
 
 def load_profile(path: str | Path) -> dict:
@@ -99,14 +101,10 @@ def network_from_profile(profile: dict, link: str | None, latency_ms: float | No
     return net
 
 
-def precision_of(config: dict) -> str:
-    return "bf16" if config.get("bf16", {}).get("enabled") else "fp16" if config.get("fp16", {}).get("enabled") else "fp32"
-
-
-def freeze_step_of(config: dict, steps: int, override: int | None, notes: list[str]) -> int:
+def freeze_step_of(config: RunConfig, steps: int, override: int | None, notes: list[str]) -> int:
     if override is not None:
         return override
-    params = config.get("optimizer", {}).get("params", {})
+    params = config.optimizer_params
     freeze = params.get("freeze_step")
     if freeze == "auto":
         latest = int(params.get("freeze_max_step", steps))
@@ -120,16 +118,17 @@ def freeze_step_of(config: dict, steps: int, override: int | None, notes: list[s
     return guess
 
 
-def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute, vocab_size: int,
+def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, compute: Compute, vocab_size: int,
              steps: int | None, freeze_override: int | None, world_hint: int = 1, onebit: bool = False,
              log_every: int = 0, optimizer: str = "lamb") -> Workload:
-    micro = int(config.get("train_micro_batch_size_per_gpu") or 0)
-    batch = int(config.get("train_batch_size") or 0)
+    config = RunConfig.of(config)
+    micro = int(config.micro_batch or 0)
+    batch = int(config.train_batch_size or 0)
     if not micro:
         raise PlanError(f"{name}: the config has no train_micro_batch_size_per_gpu")
     if not batch:  # CPU configs give accumulation instead of a global batch
-        batch = micro * int(config.get("gradient_accumulation_steps", 1)) * world_hint
-    total = steps or config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+        batch = micro * int(config.accumulation or 1) * world_hint
+    total = steps or config.total_num_steps
     if not total:
         raise PlanError(f"{name}: give --steps (the config's scheduler has no total_num_steps)")
     notes: list[str] = []
@@ -146,8 +145,8 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
     if measured:  # waiting for data, per micro-batch, as preflight saw it beside the step
         fb_s += measured.get("loop_overhead_s", 0.0)
     sync_local_s = compute.grad_sync_local_s_per_param * params
-    bucket_mb = section(config, "bucketwise_clipping").get("bucket_mb", 25)
-    params_block = config.get("optimizer", {}).get("params", {})
+    buckets_mb = bucket_mb(config)
+    params_block = config.optimizer_params
     extra = {}
     if optimizer == "zero_one_adam":
         extra["zero_one_schedule"] = zero_one_schedule_of(name, config, freeze_override, notes)
@@ -161,25 +160,24 @@ def workload(name: str, config: dict, model: str, seq_len: int, compute: Compute
                      fragments=int(settings["fragments"]), overlap_steps=int(settings["overlap_steps"]),
                      warmup_steps=int(settings["warmup_steps"]))
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
-                    grad_bytes=2 if precision_of(config) in ("fp16", "bf16") else 4, fb_s=fb_s,
+                    grad_bytes=2 if config.precision in ("fp16", "bf16") else 4, fb_s=fb_s,
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
                     compress_s=compute.compress_s_per_param * params,
                     lowbit_s=compute.lowbit_s_per_param * params,
                     freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
-                    scale_block=params_block.get("scale_block", 256), bucket_bytes=bucket_mb * 2**20,
-                    log_every=log_every, wrapped=precision_of(config) != "fp32",
-                    loss_scaled=precision_of(config) == "fp16" and not config["fp16"].get("loss_scale", 0),
+                    scale_block=params_block.get("scale_block", 256), bucket_bytes=buckets_mb * 2**20,
+                    log_every=log_every, wrapped=config.precision != "fp32",
+                    loss_scaled=config.precision == "fp16" and not config.static_loss_scale,
                     hierarchy=hierarchy_setting(config), notes=notes, **extra)
 
 
 ZERO_ONE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")
 
 
-def zero_one_schedule_of(name: str, config: dict, freeze_override: int | None, notes: list[str]) -> tuple:
+def zero_one_schedule_of(name: str, config: RunConfig, freeze_override: int | None, notes: list[str]) -> tuple:
     """0/1 Adam's four schedule numbers from the config, ZeroOneAdam's defaults where it has none."""
     defaults = inspect.signature(ZeroOneAdam).parameters
-    optimizer = config.get("optimizer", {})
-    params = optimizer.get("params", {}) if str(optimizer.get("type", "")).lower() == "zerooneadam" else {}
+    params = config.optimizer_params if config.optimizer_name == "zerooneadam" else {}
     if not params:
         notes.append(f"{name}: the config's optimizer is not ZeroOneAdam; 0/1 Adam's defaults assumed "
                      f"(var_freeze_step {defaults['var_freeze_step'].default}, local_step_clipper "

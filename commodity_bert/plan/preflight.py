@@ -34,6 +34,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from commodity_bert.data.masking import MASK_PROB
+from commodity_bert.run_config import RunConfig
+
 SLOW_LINK_RATIO = 0.5   # a direction below this share of the fastest one is reported
 SIOCGIFADDR = 0x8915
 
@@ -156,7 +159,7 @@ def synthetic_batches(micro_batch: int, seq_len: int, vocab_size: int, count: in
     generator = torch.Generator().manual_seed(0)
     for _ in range(count):
         ids = torch.randint(1000, vocab_size, (micro_batch, seq_len), generator=generator)
-        picks = max(1, int(0.15 * seq_len))
+        picks = max(1, int(MASK_PROB * seq_len))
         positions = torch.stack([torch.randperm(seq_len - 1, generator=generator)[:picks] + 1
                                  for _ in range(micro_batch)])
         flat = (positions + torch.arange(micro_batch).unsqueeze(1) * seq_len).reshape(-1)
@@ -168,23 +171,24 @@ def synthetic_batches(micro_batch: int, seq_len: int, vocab_size: int, count: in
         yield batch
 
 
-def measure_training_step(args, ds_config: dict, device: torch.device, rank: int, world: int) -> dict:
+def measure_training_step(args, given: RunConfig, device: torch.device, rank: int, world: int) -> dict:
     """Forward + backward of one micro-batch and the optimizer's step, with DeepSpeed's engine
     and precision wrappers but without its gradient allreduce; then 1-bit LAMB's step in its
     compression stage, its compressed allreduce on a one-rank group (the work, not the wire)."""
     from commodity_bert.data.dataset import ShardSet
     from commodity_bert.data.loader import TrainingBatches
     from commodity_bert.model.bert import build_config, training_flops
-    from commodity_bert.project_block import section, without_block
+    from commodity_bert.model.sections import pretraining_recipe
 
-    measured_optimizer = str(ds_config.get("optimizer", {}).get("type", "Lamb"))
-    config = {k: v for k, v in without_block(ds_config).items() if k not in ("scheduler", "gradient_accumulation_steps")}
+    measured_optimizer = given.optimizer_type or "Lamb"
+    # one rank's config: its data-parallel group is itself, and one step has no schedule
+    config = {k: v for k, v in given.for_deepspeed().items() if k not in ("scheduler", "gradient_accumulation_steps")}
     config["train_micro_batch_size_per_gpu"] = args.micro_batch
-    config["train_batch_size"] = args.micro_batch  # one rank's: its data-parallel group is itself
-    params_block = dict(config.get("optimizer", {}).get("params", {}))
+    config["train_batch_size"] = args.micro_batch
+    params_block = dict(given.optimizer_params)
     onebit_params = {"lr": params_block.get("lr", 1e-3), "weight_decay": params_block.get("weight_decay", 0.01),
                      "scale_block": params_block.get("scale_block", 256)}
-    if config.get("optimizer", {}).get("type") == "OneBitLamb":  # its warmup step is LAMB's
+    if given.optimizer_type == "OneBitLamb":  # its warmup step is LAMB's
         params = {k: v for k, v in params_block.items() if not k.startswith(("freeze", "factor"))
                   and k not in ("coeff_beta", "scale_block")}
         config["optimizer"] = {"type": "Lamb", "params": params}
@@ -195,7 +199,7 @@ def measure_training_step(args, ds_config: dict, device: torch.device, rank: int
         # with the loader's worker processes, as train.py runs them: on a CPU they share its cores
         # at the config's masking rate, which sets the MLM head's work
         batches = iter(TrainingBatches(data, rank, world, args.micro_batch, seed=0, num_workers=args.num_workers,
-                                       mask_prob=section(ds_config, "pretraining").get("mask_prob")))
+                                       mask_prob=pretraining_recipe(given).get("mask_prob")))
     else:
         vocab_size, nsp, seq_len = args.vocab_size, True, args.seq_len
         batches = synthetic_batches(args.micro_batch, seq_len, vocab_size, 2 * args.steps + 4, nsp)
@@ -255,7 +259,8 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     allreduce runs on that group too."""
     from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce
     from commodity_bert.comm.grad_norm import gradient_norm
-    from commodity_bert.model.bert import PretrainingModel, attention_layout, build_model
+    from commodity_bert.model.bert import PretrainingModel, build_model
+    from commodity_bert.model.sections import attention_layout
     from commodity_bert.optim.precision import current_loss_scale, loss_for_backward
     from commodity_bert.train.engine import build_engine
 
@@ -462,18 +467,17 @@ def run(args) -> int:
     elif "OMP_NUM_THREADS" not in os.environ:  # as train.py: ranks of a host share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     try:
-        ds_config = load_deepspeed_config(args.deepspeed_config) if args.deepspeed_config else {
+        config = load_deepspeed_config(args.deepspeed_config) if args.deepspeed_config else RunConfig.parse({
             "optimizer": {"type": "Lamb", "params": {"lr": 1e-3, "weight_decay": 0.01}},
             **({"bf16": {"enabled": True}} if args.precision == "bf16" else
-               {"fp16": {"enabled": True, "initial_scale_power": 16}} if args.precision == "fp16" else {})}
+               {"fp16": {"enabled": True, "initial_scale_power": 16}} if args.precision == "fp16" else {})})
     except LaunchError as exc:
         if rank == 0:
             say(f"error: {exc}")
         return 2
-    precision = ("bf16" if ds_config.get("bf16", {}).get("enabled") else
-                 "fp16" if ds_config.get("fp16", {}).get("enabled") else "fp32")
+    precision = config.precision
     if args.micro_batch is None:
-        args.micro_batch = int(ds_config.get("train_micro_batch_size_per_gpu", 8))
+        args.micro_batch = int(config.micro_batch or 8)
 
     store = rendezvous(rank, world, args.join_timeout)
     backend = "nccl" if on_cuda else "gloo"
@@ -490,7 +494,7 @@ def run(args) -> int:
         dtype = torch.float32  # CPUs have no fast fp16 matmul; DeepSpeed's fp16 keeps fp32 masters there too
     mine = {"rank": rank, **where[rank], "device": device_name(device),
             "matmul_tflops": matmul_tflops(device, dtype, args.matmul_size or (8192 if on_cuda else 1024)),
-            **measure_training_step(args, ds_config, device, rank, world)}
+            **measure_training_step(args, config, device, rank, world)}
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
 

@@ -12,6 +12,7 @@ from commodity_bert.comm import mode as comm_mode
 from commodity_bert.optim import head_warmup
 from commodity_bert.optim.build import build_optimizer
 from commodity_bert.optim.precision import one_pass_master_step
+from commodity_bert.run_config import RunConfig
 from commodity_bert.train.metrics import without_our_monitors
 
 
@@ -20,7 +21,7 @@ class Engine(NamedTuple):
     optimizer: Any        # the client optimizer (the engine wraps it under fp16/bf16)
     scheduler: Any        # the config's scheduler, or None
     mode: comm_mode.CommMode
-    ds_config: dict       # the config as the engine got it, with the mode's changes
+    ds_config: dict       # the JSON as DeepSpeed got it, with the mode's changes
 
 
 class AloneGroup:
@@ -51,14 +52,15 @@ class AloneGroup:
     get_model_parallel_world_size = get_data_parallel_world_size
 
 
-def build_engine(ds_config: dict, model, mpu: AloneGroup | None = None) -> Engine:
-    mode = comm_mode.select(ds_config)
-    given = ds_config
-    # the optimizer first: it reads "commodity_bert.lamb", which the mode then hides from DeepSpeed
-    optimizer, parameters, ds_config = build_optimizer(ds_config, model)
-    ds_config = mode.deepspeed_config(ds_config)
+def build_engine(config: RunConfig | dict, model, mpu: AloneGroup | None = None,
+                 node_local_checkpoints: bool = False) -> Engine:
+    config = RunConfig.of(config)
+    mode = comm_mode.select(config)
+    optimizer, parameters = build_optimizer(config, model)
+    ds_config = mode.deepspeed_config(config.for_deepspeed(without_optimizer=optimizer is not None,
+                                                           node_local_checkpoints=node_local_checkpoints))
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                                    config=without_our_monitors(ds_config), mpu=mpu)
     one_pass_master_step(engine)  # fp16/bf16 at ZeRO 0: the wrapper's step on all tensors at once
-    scheduler = head_warmup.install(engine, given)  # the encoder's rate scaled while a fresh head learns
+    scheduler = head_warmup.install(engine, config)  # the encoder's rate scaled while a fresh head learns
     return Engine(engine, optimizer, scheduler, mode, ds_config)

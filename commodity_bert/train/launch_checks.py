@@ -5,66 +5,43 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from commodity_bert.comm import diloco, topology
+from commodity_bert.comm import bucketwise, diloco, topology  # noqa: F401  (their sections of the block)
 from commodity_bert.comm.mode import mode_class
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.vocab import VocabError, model_vocabulary
-from commodity_bert.optim import head_warmup, onebit_lamb, zero_one_adam
-from commodity_bert.optim.build import (
-    DEEPSPEED_BUILT,
-    LAMB_IMPLEMENTATIONS,
-    PROJECT_OPTIMIZERS,
-    bf16_enabled,
-    lamb_implementation,
-    optimizer_name,
-)
-from commodity_bert.project_block import PROJECT_BLOCK, section
+from commodity_bert.model.sections import pretraining_recipe
+from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
+from commodity_bert.optim import head_warmup  # noqa: F401  (its section of the block)
+from commodity_bert.optim import lamb
+from commodity_bert.optim.registry import of_config, supported
+from commodity_bert.run_config import ConfigError, RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL
-
-# the project's block of the DeepSpeed config, "commodity_bert": {...}: its sections and their keys
-PROJECT_SECTIONS = {
-    "bucketwise_clipping": {"enabled", "bucket_mb", "max_norm"},
-    "diloco": set(diloco.DEFAULTS),
-    "hierarchy": set(topology.DEFAULTS),
-    "activation_checkpointing": {"enabled"},
-    "attention": {"layout"},
-    "head_warmup": set(head_warmup.DEFAULTS),
-    "lamb": {"implementation"},
-    "pretraining": {"mask_prob", "dropout"},
-}
-
-PARAMS_CHECKS = {"onebitlamb": onebit_lamb.check_params, "zerooneadam": zero_one_adam.check_params}
-
 
 class LaunchError(Exception):
     pass
 
 
-SUPPORTED = "Adam, AdamW, Lamb, OneBitLamb, ZeroOneAdam"
-
-
-def load_deepspeed_config(path: str | None, flag: str = "--deepspeed_config") -> dict:
-    """The JSON object in `path`, or a LaunchError that names `flag` (the option that gave it)."""
-    if not path:
-        raise LaunchError(f"{flag} is required: a DeepSpeed JSON config, e.g. ds_configs/cpu_tiny_lamb.json")
-    p = Path(path)
-    if not p.is_file():
-        raise LaunchError(f"{flag} {path} not found; see ds_configs/ for the shipped configs")
+def run_config(config: RunConfig | dict) -> RunConfig:
+    """`config` read (RunConfig.of), its problems as LaunchErrors."""
     try:
-        config = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LaunchError(f"{flag} {path} is not valid JSON ({exc})") from exc
-    if not isinstance(config, dict):
-        raise LaunchError(f"{flag} {path} must hold a JSON object")
-    return config
+        return RunConfig.of(config)
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
 
 
-def resolve_batch_sizes(config: dict, world_size: int) -> tuple[int, int, int]:
+def load_deepspeed_config(path: str | None, flag: str = "--deepspeed_config") -> RunConfig:
+    """The config in `path`, or a LaunchError that names `flag` (the option that gave it)."""
+    try:
+        return RunConfig.load(path, flag)
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
+
+
+def resolve_batch_sizes(config: RunConfig | dict, world_size: int) -> tuple[int, int, int]:
     """(train_batch_size, micro_batch, accumulation) as DeepSpeed derives them, or an error
     that says which number to change."""
-    total = config.get("train_batch_size")
-    micro = config.get("train_micro_batch_size_per_gpu")
-    accumulation = config.get("gradient_accumulation_steps")
+    config = run_config(config)
+    total, micro, accumulation = config.train_batch_size, config.micro_batch, config.accumulation
     for name, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
                         ("gradient_accumulation_steps", accumulation)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -94,79 +71,41 @@ def resolve_batch_sizes(config: dict, world_size: int) -> tuple[int, int, int]:
     return expected, micro, accumulation
 
 
-def check_deepspeed_config(config: dict, world_size: int) -> tuple[int, int, int]:
-    block = config.get("optimizer")
-    if not block or "type" not in block:
-        raise LaunchError(f'the DeepSpeed config has no "optimizer": {{"type": ...}}; use one of {SUPPORTED}')
-    name = optimizer_name(config)
-    if name not in DEEPSPEED_BUILT | PROJECT_OPTIMIZERS:
-        raise LaunchError(f"optimizer {block['type']!r} is not supported; use one of {SUPPORTED}")
-    stage = config.get("zero_optimization", {}).get("stage", 0)
+def check_deepspeed_config(config: RunConfig | dict, world_size: int) -> tuple[int, int, int]:
+    config = run_config(config)
+    if not config.optimizer_type:
+        raise LaunchError(f'the DeepSpeed config has no "optimizer": {{"type": ...}}; use one of {supported()}')
+    optimizer = of_config(config)
+    if optimizer is None:
+        raise LaunchError(f"optimizer {config.optimizer_type!r} is not supported; use one of {supported()}")
+    stage = config.zero_stage
     if stage not in (0, 1, 2):
         raise LaunchError(f"ZeRO stage {stage} is not supported; use stage 0, 1 or 2 (BERT fits on one GPU)")
     try:  # each optimizer of the project checks its own hyperparameters, here and when built
-        PARAMS_CHECKS.get(name, lambda params: None)(block.get("params", {}))
+        optimizer.check_params(config.optimizer_params)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
     check_optimizer_numbers(config)
     check_scheduler(config)
     check_project_block(config)
-    problem = topology.check_setting(config) or mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
+    problem = mode_class(config).refusal(config, stage)  # what the communication mode cannot run with
     if problem:
         raise LaunchError(problem)
-    if name == "lamb" and stage >= 1:
-        raise LaunchError(f"Lamb cannot run under ZeRO stage {stage}: its per-layer trust ratio needs whole "
-                          f"tensors, which ZeRO flattens and partitions; use stage 0 with Lamb, or AdamW with ZeRO")
-    if config.get("fp16", {}).get("enabled") and config.get("bf16", {}).get("enabled"):
+    if optimizer.whole_tensors and stage >= 1:
+        raise LaunchError(f"{optimizer.type} cannot run under ZeRO stage {stage}: its per-layer trust ratio needs "
+                          f"whole tensors, which ZeRO flattens and partitions; use stage 0 with {optimizer.type}, "
+                          f"or AdamW with ZeRO")
+    if config.fp16 and config.bf16:
         raise LaunchError("fp16 and bf16 are both enabled in the DeepSpeed config; enable one")
     return resolve_batch_sizes(config, world_size)
 
 
-def check_project_block(config: dict) -> None:
+def check_project_block(config: RunConfig | dict) -> None:
     """A key the project's block does not know would be ignored silently (a misspelt
-    `bucketwise_clipping` trains without it): refuse it, naming the known ones."""
-    block = config.get(PROJECT_BLOCK)
-    if block is None:
-        return
-    if not isinstance(block, dict):
-        raise LaunchError(f'"{PROJECT_BLOCK}" in the DeepSpeed config must be an object, not {block!r}')
-    for name, value in block.items():
-        if name not in PROJECT_SECTIONS:
-            raise LaunchError(f'unknown key "{PROJECT_BLOCK}.{name}" in the DeepSpeed config; '
-                              f'the known ones are {", ".join(sorted(PROJECT_SECTIONS))}')
-        if not isinstance(value, dict):
-            raise LaunchError(f'"{PROJECT_BLOCK}.{name}" must be an object, not {value!r}')
-        for key in value:
-            if key not in PROJECT_SECTIONS[name]:
-                raise LaunchError(f'unknown key "{PROJECT_BLOCK}.{name}.{key}" in the DeepSpeed config; '
-                                  f'the known ones are {", ".join(sorted(PROJECT_SECTIONS[name]))}')
-    enabled = section(config, "activation_checkpointing").get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise LaunchError(f'"commodity_bert.activation_checkpointing.enabled" must be true or false, not {enabled!r}')
-    if "layout" in section(config, "attention"):
-        from commodity_bert.model.bert import ATTENTION_LAYOUTS  # here: transformers only where it is asked
-        layout = section(config, "attention")["layout"]
-        if layout not in ATTENTION_LAYOUTS:
-            raise LaunchError(f'"commodity_bert.attention.layout" {layout!r}: give one of '
-                              f'{", ".join(map(repr, ATTENTION_LAYOUTS))} (default "padded")')
-    if problem := head_warmup.check_settings(config):
+    `bucketwise_clipping` trains without it): refuse it, naming the known ones; then each
+    section's owner checks its values (RunConfig.problems)."""
+    if problem := run_config(config).problems():
         raise LaunchError(problem)
-    for key, value in section(config, "pretraining").items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1 \
-                or (key == "mask_prob" and value == 0):
-            allowed = "(0, 1), e.g. 0.15 (BERT) or 0.4" if key == "mask_prob" else "[0, 1), e.g. 0.0 or 0.1 (BERT)"
-            raise LaunchError(f'"commodity_bert.pretraining.{key}" {value!r}: give a number in {allowed}')
-    clipping = section(config, "bucketwise_clipping")
-    if not isinstance(clipping.get("enabled", False), bool):
-        raise LaunchError(f'"commodity_bert.bucketwise_clipping.enabled" must be true or false, not '
-                          f'{clipping["enabled"]!r}')
-    for key in ("bucket_mb", "max_norm"):
-        if key in clipping and not (_is_number(clipping[key]) and clipping[key] > 0):
-            raise LaunchError(f'"commodity_bert.bucketwise_clipping.{key}" {clipping[key]!r}: give a number above 0')
-    implementation = section(config, "lamb").get("implementation", "project")
-    if implementation not in LAMB_IMPLEMENTATIONS:
-        raise LaunchError(f'"commodity_bert.lamb.implementation" {implementation!r}: give "deepspeed" '
-                          f'(FusedLamb, CUDA only) or "project" (commodity_bert/optim/lamb.py)')
 
 
 def _is_number(value) -> bool:
@@ -182,11 +121,11 @@ FLAGS = {"bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused", "fo
 WORDS = {"freeze_step", "comm_backend_name"}
 
 
-def check_optimizer_numbers(config: dict) -> None:
+def check_optimizer_numbers(config: RunConfig) -> None:
     """Every value of the optimizer's params a number of its range (a flag true or false): a
     string where a number belongs ("lr": "fast") would otherwise train, the scheduler's rate
     silently taking its place, or fail minutes later inside the optimizer."""
-    params = config["optimizer"].get("params", {})
+    params = config.optimizer_params
     if not isinstance(params, dict):
         raise LaunchError(f'the optimizer\'s "params" must be an object, not {params!r}')
     for key, value in params.items():
@@ -210,7 +149,7 @@ def check_optimizer_numbers(config: dict) -> None:
             and params["min_coeff"] > params["max_coeff"]:
         raise LaunchError(f'optimizer params "min_coeff" {params["min_coeff"]} > "max_coeff" {params["max_coeff"]}: '
                           f"the trust ratio's floor must not exceed its ceiling")
-    clip = config.get("gradient_clipping", 0.0)
+    clip = config.gradient_clipping
     if not _is_number(clip) or clip < 0:
         raise LaunchError(f'"gradient_clipping" = {clip!r} in the DeepSpeed config: give 0 (off) or a norm above 0')
 
@@ -219,19 +158,18 @@ STEP_COUNTS = ("warmup_num_steps", "total_num_steps", "cycle_first_step_size", "
                "decay_step_size", "cycle_first_stair_count", "cycle_second_stair_count", "lr_range_test_step_size")
 
 
-def check_scheduler(config: dict) -> None:
+def check_scheduler(config: RunConfig) -> None:
     """The scheduler's type one of DeepSpeed's, its params the ones that type takes, each of its
     range, and a warm-up that ends within the schedule (WarmupDecayLR and WarmupCosineLR would
     otherwise decay from a peak never reached, with no word)."""
-    block = config.get("scheduler")
-    if block is None:
+    if not config.has_scheduler:
         return
     from deepspeed.runtime import lr_schedules
-    kind = block.get("type") if isinstance(block, dict) else None
+    kind = config.scheduler_type
     if kind not in lr_schedules.VALID_LR_SCHEDULES:
         raise LaunchError(f"scheduler type {kind!r} in the DeepSpeed config is not one of DeepSpeed's: "
                           f"{', '.join(lr_schedules.VALID_LR_SCHEDULES)}")
-    params = block.get("params", {})
+    params = config.scheduler_params
     if not isinstance(params, dict):
         raise LaunchError(f'the scheduler\'s "params" must be an object, not {params!r}')
     import inspect
@@ -259,10 +197,10 @@ def check_scheduler(config: dict) -> None:
                           f"the rate would never reach its peak; shorten the warm-up or lengthen the schedule")
 
 
-def schedule_end_warning(config: dict, max_steps: int) -> str | None:
+def schedule_end_warning(config: RunConfig, max_steps: int) -> str | None:
     """A schedule that ends before --max-steps: a warning, not a refusal (the quickstart's STEPS
     knob trains past a shipped schedule on purpose)."""
-    total = config.get("scheduler", {}).get("params", {}).get("total_num_steps")
+    total = config.total_num_steps
     if total is not None and total < max_steps:
         return (f"warning: the scheduler's total_num_steps ({total}) ends before --max-steps ({max_steps}): from "
                 f"step {total + 1} the learning rate stays where the schedule ends")
@@ -287,30 +225,31 @@ def check_command_line(args) -> None:
         raise LaunchError(f"--time-budget {args.time_budget:g}: give a duration above 0, e.g. 24h")
 
 
-def check_against_device(config: dict, on_cuda: bool) -> None:
+def check_against_device(config: RunConfig | dict, on_cuda: bool) -> None:
     """What the config asks of the device."""
-    if not on_cuda and config.get("fp16", {}).get("enabled"):
+    config = run_config(config)
+    if not on_cuda and config.fp16:
         raise LaunchError('"fp16" is enabled, but fp16 needs a GPU (DeepSpeed\'s CPU accelerator refuses it); on a '
                           'CPU use bf16 (e.g. ds_configs/cpu_quickstart_lamb_bf16.json) or fp32 (e.g. '
                           'ds_configs/cpu_tiny_lamb.json)')
-    if optimizer_name(config) != "lamb" or lamb_implementation(config) != "deepspeed":
+    if config.optimizer_name != "lamb" or lamb.implementation(config) != "deepspeed":
         return
     if not on_cuda:
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" is FusedLamb, which needs CUDA; '
                           'use "project" (the default)')
-    if bf16_enabled(config):
+    if config.bf16:
         raise LaunchError('"commodity_bert.lamb.implementation": "deepspeed" (FusedLamb) has no bf16 kernel in '
                           'DeepSpeed 0.19; use "project" (the default) or fp16')
 
 
-def pretraining_settings(config: dict, data: ShardSet) -> dict:
-    """The config's "commodity_bert.pretraining" section, checked against the data: a masking rate
-    other than the shards' needs shards masked as they are read (dynamic), since static shards
-    hold their masks."""
-    settings = section(config, "pretraining")
+def pretraining_settings(config: RunConfig | dict, data: ShardSet) -> dict:
+    """The config's "commodity_bert.pretraining" section (the keys it sets), checked against the
+    data: a masking rate other than the shards' needs shards masked as they are read (dynamic),
+    since static shards hold their masks."""
+    settings = pretraining_recipe(run_config(config))
     if "mask_prob" in settings and data.manifest["splits"]["train"]["masking"] == "static":
         raise LaunchError(f'"commodity_bert.pretraining.mask_prob" needs dynamically masked shards, but {data.path} '
-                          f'holds static masks (at {data.manifest.get("args", {}).get("mask_prob", 0.15)}); prepare it '
+                          f'holds static masks (at {data.mask_prob}); prepare it '
                           f'again with bert-data-prep shards --masking dynamic, or drop the key')
     return settings
 

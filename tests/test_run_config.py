@@ -1,0 +1,139 @@
+"""The run config has one owner per setting, and extending it is one registration.
+
+DeepSpeed's keys are read in commodity_bert/run_config.py alone (every other module reads the
+RunConfig's fields); each section of the "commodity_bert" block is read by the module that
+registers it; an optimizer defined in this file, registered through commodity_bert.optim.registry
+alone, trains through train.py's main()."""
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from commodity_bert.run_config import SECTIONS, RunConfig
+
+DEEPSPEED_KEYS = {"optimizer", "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping",
+                  "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps",
+                  "commodity_bert"}
+# dicts that share a key's name without being a config: a checkpoint's state, a plan's rows
+NOT_CONFIGS = {"state", "rank_state", "r", "row"}
+
+
+def sources() -> list[Path]:
+    return [REPO / "train.py", *sorted((REPO / "commodity_bert").rglob("*.py")), *sorted((REPO / "data_prep").rglob("*.py"))]
+
+
+def receiver(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def key_reads(tree: ast.AST):
+    """(line, key, receiver) of every `x.get("key", ...)` and `x["key"]` read."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant):
+            yield node.lineno, node.args[0].value, receiver(node.func.value)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+            yield node.lineno, node.slice.value, receiver(node.value)
+
+
+def section_reads(tree: ast.AST):
+    """(line, section) of every `.section("name")` / `.given_section("name")`, and the sections
+    the module registers."""
+    reads, registers = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("section", "given_section"):
+                reads.append((node.lineno, node.args[0].value))
+            elif name == "register_section":
+                registers.add(node.args[0].value)
+    return reads, registers
+
+
+def test_each_setting_is_read_by_its_owner_alone():
+    strays = []
+    for path in sources():
+        if path == REPO / "commodity_bert" / "run_config.py":
+            continue
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(REPO)
+        strays += [f"{where}:{line} reads {key!r} by key" for line, key, name in key_reads(tree)
+                   if key in DEEPSPEED_KEYS and name not in NOT_CONFIGS]
+        reads, registers = section_reads(tree)
+        strays += [f"{where}:{line} reads section {name!r}, which another module registers"
+                   for line, name in reads if name not in registers]
+    assert not strays, "\n".join(strays)
+
+
+def test_the_shipped_configs_read_back_as_deepspeed_wrote_them():
+    """Every shipped config passes its owners' checks; DeepSpeed gets it as written, less the
+    project's block; a section the config omits reads as its owner's defaults."""
+    import train  # noqa: F401  (every owner registers its section)
+    for path in sorted((REPO / "ds_configs").glob("*.json")):
+        given = json.loads(path.read_text())
+        config = RunConfig.parse(given)
+        assert config.problems() is None, path
+        assert config.for_deepspeed() == {k: v for k, v in given.items() if k != "commodity_bert"}, path
+        for name, section in SECTIONS.items():
+            written = given.get("commodity_bert", {}).get(name, {})
+            assert config.section(name) == {**{k: v for k, v in section.defaults.items() if v is not None},
+                                            **written}, (path, name)
+
+
+@pytest.mark.parametrize("block, words", [
+    ({"bucketwise_clippng": {}}, 'unknown key "commodity_bert.bucketwise_clippng" in the DeepSpeed config; the known '
+                                 'ones are activation_checkpointing, attention, bucketwise_clipping, diloco'),
+    ({"lamb": {"implemntation": "project"}}, 'unknown key "commodity_bert.lamb.implemntation"'),
+    ({"lamb": {"implementation": "fast"}}, '"commodity_bert.lamb.implementation" \'fast\': give "deepspeed"'),
+    ({"hierarchy": []}, '"commodity_bert.hierarchy" must be an object, not []'),
+])
+def test_a_section_no_owner_declares_or_its_owner_refuses_is_one_line(block, words):
+    import train  # noqa: F401
+    assert words in RunConfig.parse({"optimizer": {"type": "Lamb"}, "commodity_bert": block}).problems()
+
+
+# ---- a toy optimizer: plain SGD, registered here and nowhere else
+TOY = '''
+import sys, torch
+from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
+
+def check(params):
+    if params.get("momentum", 0) < 0:
+        raise ValueError(f"ToySgd momentum {params['momentum']!r}: give 0 or more")
+
+register_optimizer(OptimizerEntry("ToySgd", frozenset({"lr", "momentum", "weight_decay"}),
+                                  build=lambda groups, params, config: torch.optim.SGD(groups, **params),
+                                  check_params=check))
+'''
+
+
+def toy_run(tmp_path: Path, data: Path, params: dict) -> subprocess.CompletedProcess:
+    config = json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text())
+    config["optimizer"] = {"type": "toy_sgd", "params": params}  # any spelling of the registered name
+    (tmp_path / "toy.json").write_text(json.dumps(config))
+    script = TOY + f'''
+sys.path.insert(0, {str(REPO / "benchmarks")!r})
+from bench_common import single_rank_environment
+single_rank_environment()
+import train
+train.main(["--deepspeed_config", {str(tmp_path / "toy.json")!r}, "--data", {str(data)!r}, "--model", "tiny",
+            "--output-dir", {str(tmp_path / "run")!r}, "--max-steps", "2", "--log-every", "1",
+            "--num-workers", "0", "--plateau-check-samples", "0"])
+'''
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_toy_optimizer_registered_here_trains_two_steps_through_train_main(tmp_path, train_data):
+    proc = toy_run(tmp_path, train_data, {"lr": 0.05, "momentum": 0.9})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] != rows[0]["loss"]
+    recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert "optimizer" not in recorded["deepspeed_config_effective"]  # built here, not by DeepSpeed
+    refused = toy_run(tmp_path, train_data, {"lr": 0.05, "momentum": -1})  # its own check, before any step
+    assert refused.returncode == 2 and "train.py: error: ToySgd momentum -1: give 0 or more" in refused.stderr, \
+        refused.stderr[-2000:]
