@@ -35,6 +35,7 @@ from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_d
 from commodity_bert.comm.topology import Topology
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
+from commodity_bert.host import atomic_write_text, device_name
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -174,17 +175,6 @@ def parameters_identical_across_ranks(module, device) -> bool:
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], d) for d in every)
-
-
-def device_name(device: torch.device) -> str:
-    """What the rank ran on, for the record: the GPU's name, or the CPU's model."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"CPU: {line.split(':', 1)[1].strip()}"
-    return "CPU"
 
 
 def say(*lines: str) -> None:
@@ -441,7 +431,7 @@ def final_summary(engine, model, device, book, samples: int, stopped_by: str, la
 def write_summary(run_dir: Path, summary: dict) -> None:
     """RUN/summary.json (renamed into place: a watcher may read it at any moment), then the model
     card from the records just written."""
-    fmt.atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=1))
+    atomic_write_text(run_dir / SUMMARY, json.dumps(summary, indent=1))
     print(f"done: {json.dumps(summary)}", flush=True)
     try:
         write_card(run_dir)  # hf_model/README.md

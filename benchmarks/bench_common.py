@@ -3,18 +3,13 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from commodity_bert.host import cpu_model, free_port  # free_port: the benchmarks take it from here too
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def single_rank_environment() -> None:
@@ -26,10 +21,7 @@ def single_rank_environment() -> None:
 
 def cpu_name() -> str:
     """The CPU's model name, for the record every figure carries (bf16 speed depends on it)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return cpu_model() or platform.processor() or platform.machine()
 
 
 def make_shards(out: Path, input_spec: str, seq_len: int, *extra: str) -> Path:

@@ -134,8 +134,10 @@ def kill_a_rank(launch: Launch, run: Path, moment: int, during_save: bool, rng: 
 
 
 def checkpoints(run: Path) -> list[str]:
+    """The whole checkpoints (a save killed midway leaves a step directory without its digest)."""
     directory = run / "checkpoints"
-    return sorted(p.name for p in directory.iterdir() if re.fullmatch(r"step_\d{8}", p.name)) if directory.is_dir() else []
+    return sorted(p.name for p in directory.iterdir() if re.fullmatch(r"step_\d{8}", p.name)
+                  and (p / "digest.json").is_file()) if directory.is_dir() else []
 
 
 def damage_newest(run: Path, how: str) -> str | None:

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.masking import mask_rows
 from commodity_bert.data.vocab import Vocab
+from commodity_bert.host import atomic_write_text
 from data_prep.errors import PrepError
 from data_prep.fast_tokenizer import CachedWordPiece
 from data_prep.inputs import HF_PREFIX, SkipCounter, iter_documents, resolve_inputs
@@ -449,7 +450,7 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
     pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
                                 initargs=(cfg, str(vocab.path))) if workers > 1 else None)
     try:
-        fmt.atomic_write_text(work / "state.json", json.dumps({"args": cfg.to_json()}, indent=1))
+        atomic_write_text(work / "state.json", json.dumps({"args": cfg.to_json()}, indent=1))
         scatter_path = work / "scatter.json"
         if scatter_path.is_file():
             scatter = json.loads(scatter_path.read_text())
@@ -458,12 +459,12 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
             if sum(scatter["strata_counts"]["train"]) == 0:
                 raise PrepError(f"no usable text in {', '.join(cfg.inputs)} (0 training samples); "
                                 f"pass files with text in them")
-            fmt.atomic_write_text(scatter_path, json.dumps(scatter))
+            atomic_write_text(scatter_path, json.dumps(scatter))
         shards = _gather(cfg, vocab, work, out, scatter, pool)
         shutil.copyfile(vocab.path, out / (fmt.VOCAB_NAME + ".tmp"))
         os.replace(out / (fmt.VOCAB_NAME + ".tmp"), out / fmt.VOCAB_NAME)
         manifest = build_manifest(cfg, vocab, scatter, shards)
-        fmt.atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+        atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
     except PrepError:
         if created:
             shutil.rmtree(out, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from commodity_bert.data.shard_format import atomic_write_text
+from commodity_bert.host import atomic_write_text
 from commodity_bert.data.vocab import SPECIAL_TOKENS, Vocab
 from data_prep.errors import PrepError
 from data_prep.inputs import SkipCounter, iter_documents, resolve_inputs

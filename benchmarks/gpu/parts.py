@@ -59,7 +59,7 @@ SIZES = {  # the rehearsal runs every path of the plan, small
 
 
 def write_json(path: Path, data: dict) -> None:
-    from commodity_bert.data.shard_format import atomic_write_text
+    from commodity_bert.host import atomic_write_text
     atomic_write_text(path, json.dumps(data, indent=1, default=str))
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from commodity_bert.ablate import grid, report, runs, slurm
 from commodity_bert.ablate.record import Ablation, AblationError, downstream_file, run_downstream
 from commodity_bert.cli_help import one_line_parser, show_defaults
-from commodity_bert.data.shard_format import atomic_write_text as atomic_write
+from commodity_bert.host import atomic_write_text, free_port
 from commodity_bert.model.card import refresh_card
 from commodity_bert.run_config import RunConfig
 from commodity_bert.train.launch_checks import LaunchError, resolve_batch_sizes
@@ -167,8 +167,8 @@ def write_outputs(ablation: Ablation) -> None:
                 row["downstream_tasks"][result["task"]] = {k: result.get(k) for k in ("family", "metric", "median",
                                                                                        "min", "max")}
         results.append(row)
-    atomic_write(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
-    atomic_write(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))
+    atomic_write_text(ablation.out / "results.json", json.dumps(results, indent=1) + "\n")
+    atomic_write_text(ablation.out / "results.md", report.markdown(results, settings, ablation.state["variants"]))
     try:
         report.plots(results, ablation.out)
     except ImportError:
@@ -188,7 +188,7 @@ def write_commands(ablation: Ablation) -> None:
         at = cmd.index("--master_port")
         lines.append(shlex.join(cmd[:at] + cmd[at + 2:]))
     path = ablation.out / "commands.sh"
-    atomic_write(path, "\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     path.chmod(0o755)
 
 
@@ -304,7 +304,7 @@ def run_ablation(args: argparse.Namespace, argv: list[str] | None = None) -> Non
         else:
             how = "resuming from its checkpoint" if runs.has_checkpoint(run) else "training"
             print(f"{head}: {how}, {run.max_steps} steps; log {run.log_path}", flush=True)
-            cmd = runs.command(run, settings, runs.free_port())
+            cmd = runs.command(run, settings, free_port())
             started = time.time()
             bar = tqdm(total=run.max_steps, desc=run.variant[:40], unit="step", disable=None, leave=False)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from commodity_bert.ablate import grid, runs
-from commodity_bert.data.shard_format import atomic_write_text
+from commodity_bert.host import atomic_write_text
 
 # settings that must be the same for every run in one ABL directory, or the comparison is not one
 FIXED = ("data", "model", "ranks", "hostfile", "samples", "minutes")

@@ -6,7 +6,6 @@ import json
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,12 +29,6 @@ class Run:
     @property
     def log_path(self) -> Path:
         return self.run_dir / "train.log"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher() -> str:

@@ -235,11 +235,3 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
 def shard_paths(data_dir: str | os.PathLike, manifest: dict, split: str = "train") -> list[Path]:
     base = Path(data_dir) if split == "train" else Path(data_dir) / VALIDATION_DIR
     return [base / s["name"] for s in manifest["splits"][split]["shards"]]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """`path` whole or as it was: written to a temporary name, then renamed (a reader, or an
-    interrupted run, never sees half a file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -20,7 +20,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.finetune.evaluation import evaluate
 from commodity_bert.finetune.families import DEFAULT, FAMILIES, embedded_tasks, families
 from commodity_bert.finetune.metrics import METRICS
+from commodity_bert.host import atomic_write_text
 from commodity_bert.finetune.models import POOLINGS, ModelError
 from commodity_bert.finetune.tasks import TaskError
 
@@ -281,9 +281,7 @@ def print_report(result: dict) -> None:
 def write_json(path: Path, obj) -> None:
     """Through a temporary name: a failed write leaves the earlier file as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

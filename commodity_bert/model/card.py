@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
+from commodity_bert.host import atomic_write_text
 from commodity_bert.model.sections import pretraining_recipe
 from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import HF_MODEL, RUN_CONFIG, SUMMARY
@@ -195,9 +195,7 @@ def card_text(run_dir: Path) -> str:
 def write_card(run_dir: Path) -> Path:
     """RUN/hf_model/README.md, through a temporary name."""
     path = run_dir / HF_MODEL / CARD
-    tmp = path.with_name(f".{CARD}.{os.getpid()}.tmp")
-    tmp.write_text(card_text(run_dir))
-    os.replace(tmp, path)
+    atomic_write_text(path, card_text(run_dir))
     return path
 
 

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from commodity_bert.data.masking import MASK_PROB
+from commodity_bert.host import cpu_model
 from commodity_bert.run_config import RunConfig
 
 SLOW_LINK_RATIO = 0.5   # a direction below this share of the fastest one is reported
@@ -68,13 +69,7 @@ def route_to(master_addr: str) -> tuple[str, str | None]:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.processor() or "cpu"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model} ({torch.get_num_threads()} threads)"
+    return f"{cpu_model() or platform.processor() or 'cpu'} ({torch.get_num_threads()} threads)"
 
 
 def launcher_hosts() -> list[tuple[str, int]] | None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commodity_bert.data.shard_format import atomic_write_text
+from commodity_bert.host import atomic_write_text
 from commodity_bert.optim.cpu_adam_resume import replay_bias_correction
 
 try:

@@ -197,10 +197,10 @@ def check_scheduler(config: RunConfig) -> None:
                           f"the rate would never reach its peak; shorten the warm-up or lengthen the schedule")
 
 
-def schedule_end_warning(config: RunConfig, max_steps: int) -> str | None:
+def schedule_end_warning(config: RunConfig | dict, max_steps: int) -> str | None:
     """A schedule that ends before --max-steps: a warning, not a refusal (the quickstart's STEPS
     knob trains past a shipped schedule on purpose)."""
-    total = config.total_num_steps
+    total = run_config(config).total_num_steps
     if total is not None and total < max_steps:
         return (f"warning: the scheduler's total_num_steps ({total}) ends before --max-steps ({max_steps}): from "
                 f"step {total + 1} the learning rate stays where the schedule ends")
