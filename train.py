@@ -33,7 +33,7 @@ from commodity_bert.comm import mode as comm_mode
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_deepspeed_shm_buffer
 from commodity_bert.comm.topology import Topology
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.host import atomic_write_text, device_name
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
@@ -184,10 +184,10 @@ def say(*lines: str) -> None:
             print(line, flush=True)
 
 
-def stop_for_error(book: Bookkeeping, step: int):
+def stop_for_error(bookkeeping: Bookkeeping, step: int):
     """Every rank, together: one line for the error, one naming the rank that met it. One write per
     rank: under `python -u` print's text and newline are two, and two ranks' lines ran together."""
-    sys.stderr.write("".join(line + "\n" for line in book.error_lines(step)))
+    sys.stderr.write("".join(line + "\n" for line in bookkeeping.error_lines(step)))
     sys.stderr.flush()
     sys.exit(2)
 
@@ -242,7 +242,7 @@ def join_the_ranks(args) -> torch.device:
     return device
 
 
-class Inputs(NamedTuple):
+class CheckedInputs(NamedTuple):
     """What the launch was given, checked: the config, the batch sizes, the data, the model's shape."""
     config: RunConfig
     total_batch: int
@@ -256,7 +256,7 @@ class Inputs(NamedTuple):
     max_steps: int  # --max-steps, or the scheduler's total
 
 
-def check_inputs(args, device: torch.device) -> Inputs:
+def check_inputs(args, device: torch.device) -> CheckedInputs:
     """Any rank's problem stops every rank before a step runs, in one line: the first rank that
     found it says it (a shard may be one rank's), the others exit with the same status."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -275,7 +275,7 @@ def check_inputs(args, device: torch.device) -> Inputs:
         batches = TrainingBatches(data, rank, world, micro_batch, args.seed, args.num_workers, args.shards_in_memory,
                                   mask_prob=recipe.get("mask_prob"))
         val_batches = ValidationBatches(data, rank, world, micro_batch)
-    except (LaunchError, ModelConfigError, DataError, fmt.ShardFormatError) as exc:
+    except (LaunchError, ModelConfigError, DataError, ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
         problems = [None] * world
@@ -290,7 +290,7 @@ def check_inputs(args, device: torch.device) -> Inputs:
         say(warning)
     if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, config)):
         say(warning)
-    return Inputs(config, total_batch, micro_batch, accumulation, data, model_config, recipe,
+    return CheckedInputs(config, total_batch, micro_batch, accumulation, data, model_config, recipe,
                   batches, val_batches, max_steps)
 
 
@@ -311,7 +311,7 @@ def intact_weights_to_start_from(directory: Path) -> str:
     return tag
 
 
-def pretraining_model(args, inputs: Inputs, resuming: bool):
+def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
     """The HF BERT to train (from --init-from's weights where given), its config, and the
     checkpoint --init-from names instead, if it does. A resumed run takes its weights from its
     checkpoint, but its architecture still from the --init-from directory where there is one,
@@ -370,7 +370,7 @@ def checkpoint_place(args, run_dir: Path) -> tuple[bool, Path, str | None]:
     return node_local, resume_dir, tag
 
 
-def plateau_check(args, inputs: Inputs, vocab_size: int, device) -> PlateauCheck | None:
+def plateau_check(args, inputs: CheckedInputs, vocab_size: int, device) -> PlateauCheck | None:
     """The check that warns while validation accuracy sits at the most frequent token's."""
     if args.plateau_check_samples <= 0 or not inputs.data.manifest["splits"]["validation"]["samples"]:
         return None
@@ -414,15 +414,15 @@ def start_records(run_dir: Path, args, inputs, ds_config: dict, mode_name: str, 
     return run_config
 
 
-def final_summary(engine, model, device, book, samples: int, stopped_by: str, last_eval: dict) -> dict:
+def final_summary(engine, model, device, bookkeeping, samples: int, stopped_by: str, last_eval: dict) -> dict:
     """What summary.json says of the run (on every rank; rank 0 writes it): where it stopped, which
     machine each rank ran on and its peak memory, whether the ranks hold one model."""
     identical = parameters_identical_across_ranks(model, device)
     hosts = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                                    device_name(device)))
-    return {"step": engine.global_steps, "samples": samples, "wall_s": book.wall_s(),
-            "trained_s": book.trained_s(), "stopped_by": stopped_by, "world_size": len(hosts),
+    return {"step": engine.global_steps, "samples": samples, "wall_s": bookkeeping.wall_s(),
+            "trained_s": bookkeeping.trained_s(), "stopped_by": stopped_by, "world_size": len(hosts),
             "hosts": [h for h, _, _ in hosts],
             "peak_rss_mb": [round(mb, 1) for _, mb, _ in hosts], "devices": [d for _, _, d in hosts],
             "params_identical_across_ranks": identical, **last_eval}
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     say(*mode.attach(engine, optimizer, model, topology))
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
-    wire = BytesCounter(topology.node_of).install()
+    traffic = BytesCounter(topology.node_of).install()
     samples, clocks = 0, {}
     if resume_tag is not None:
         samples, clocks = resume(args, engine, mode, batches, resume_dir, resume_tag, data)
@@ -487,28 +487,28 @@ def main(argv: list[str] | None = None) -> None:
     metrics = MetricsLogger(run_dir, enabled=rank == 0, start_step=engine.global_steps, ds_config=ds_config,
                             run_config=run_config)
     stop = StopRequest()
-    book = Bookkeeping(device=device, world=world, total_batch=inputs.total_batch, max_steps=max_steps,
-                       log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
-                       save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
-                       wire=wire, nodes=len(topology.nodes), clocks=clocks)
+    bookkeeping = Bookkeeping(device=device, world=world, total_batch=inputs.total_batch, max_steps=max_steps,
+                              log_every=args.log_every, eval_every=args.eval_every, save_every=args.save_every,
+                              save_every_minutes=args.save_every_minutes, time_budget=args.time_budget,
+                              traffic=traffic, nodes=len(topology.nodes), clocks=clocks)
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
-                        "clocks": book.clocks(), "data_digest": data.digest}
+                        "clocks": bookkeeping.clocks(), "data_digest": data.digest}
         shared, rank_state = mode.state()
         client_state.update(shared)
         checkpoint.save(engine, run_dir / CHECKPOINTS, engine.global_steps, client_state,
                         args.keep_checkpoints, rank_state, node_local)
-        book.saved()
+        bookkeeping.saved()
 
-    mode.begin(book.unlogged)
+    mode.begin(bookkeeping.unlogged)
 
-    with book.unlogged():  # the loop's own allreduce, not training's traffic
+    with bookkeeping.unlogged():  # the loop's own allreduce, not training's traffic
         plateau = plateau_check(args, inputs, model_config.vocab_size, device)
 
     def validate(step: int) -> dict:
         """The held-out MLM accuracy and loss, and whether the run is still on the plateau."""
-        result = book.evaluate(lambda: evaluate(engine, inputs.val_batches, device, mode.shared_model))
+        result = bookkeeping.evaluate(lambda: evaluate(engine, inputs.val_batches, device, mode.shared_model))
         if plateau:
             fields, warning = plateau.fields(step, samples, result["val_mlm_acc"])
             result.update(fields)
@@ -521,32 +521,32 @@ def main(argv: list[str] | None = None) -> None:
     stopped_by = "max steps"
     data_iter = iter(batches)
     trimmer = HeapTrimmer(args.trim_host_memory_every)
-    scaled = loss_for_backward(engine)  # fp16 at ZeRO stage 0: the loss scale DeepSpeed 0.19 leaves out
+    loss_to_backward = loss_for_backward(engine)  # fp16 at ZeRO stage 0: the loss scale DeepSpeed 0.19 leaves out
     engine.train()
     try:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
-            mode.start_step(logged=book.is_log_step(step))
+            mode.start_step(logged=bookkeeping.is_log_step(step))
             for micro in range(inputs.accumulation):
-                batch = book.next_batch(data_iter)
+                batch = bookkeeping.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 boundary = micro == inputs.accumulation - 1
                 with mode.micro_batch(boundary):
                     loss, stats = engine(batch)
-                    engine.backward(scaled(loss))
+                    engine.backward(loss_to_backward(loss))
                 if boundary:
                     mode.after_backward()
                 engine.step()
-                book.add_micro_batch(loss, stats, batch["real_tokens"], flops)
+                bookkeeping.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             mode.after_step(step, last=step >= max_steps)
             trimmer.after_step(step)
-            book.end_step(*mode.grad_norm())
+            bookkeeping.end_step(*mode.grad_norm())
             samples += inputs.total_batch
-            decision = book.decide(step, stop.signalled)
+            decision = bookkeeping.decide(step, stop.signalled)
 
             if decision.log:
-                row = book.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
+                row = bookkeeping.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                current_loss_scale(engine.optimizer))
                 row.update(mode.metric_fields())
                 if args.compile:  # grows with every recompile: a step whose shapes the graphs did not cover
@@ -554,18 +554,18 @@ def main(argv: list[str] | None = None) -> None:
                 if decision.evaluate:
                     last_eval = validate(step)
                     row.update(last_eval)
-                with book.holding(Exception, what="the metrics could not be written: "):
+                with bookkeeping.holding(Exception, what="the metrics could not be written: "):
                     metrics.log(row)
                 say(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
             elif decision.evaluate:
-                trained_s = book.trained_s()
+                trained_s = bookkeeping.trained_s()
                 last_eval = validate(step)
-                with book.holding(Exception, what="the metrics could not be written: "):
+                with bookkeeping.holding(Exception, what="the metrics could not be written: "):
                     metrics.log({"step": step, "samples": samples, "elapsed_s": trained_s, **last_eval})
-            if decision.save and book.any_error():  # a step after some rank's error is not saved
+            if decision.save and bookkeeping.any_error():  # a step after some rank's error is not saved
                 decision.stop = "error"
             elif decision.save:
-                with book.unlogged():
+                with bookkeeping.unlogged():
                     try:
                         save()
                     except checkpoint.CheckpointError as exc:
@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> None:
                         say(f"warning: {exc} (--on-save-error continue: training goes on without it)")
             if decision.stop == "error":
                 data_iter.close()
-                stop_for_error(book, step)
+                stop_for_error(bookkeeping, step)
             if decision.stop in ("signal", "time budget"):
                 stopped_by = decision.stop
                 say(f"stopping at step {step}: {decision.stop}; checkpoint saved")
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     # the loader's workers ignore SIGTERM (data/loader.py): kept alive to the interpreter's exit (a
     # compiled graph did), multiprocessing's exit handler would wait on them for ever
     data_iter.close()
-    summary = final_summary(engine, model, device, book, samples, stopped_by, last_eval)
+    summary = final_summary(engine, model, device, bookkeeping, samples, stopped_by, last_eval)
     export()
     if rank == 0:
         write_summary(run_dir, summary)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data import shard_format
 from commodity_bert.data.vocab import Vocab, VocabError
 
 HISTOGRAM_BINS = 8
@@ -26,16 +26,16 @@ def _masking_stats(arrays: dict, mask_id: int) -> np.ndarray:
 
 def inspect_dataset(data_dir: str, verify: bool = False) -> tuple[dict, list[str]]:
     """Statistics of every split, and (with verify) the problems found."""
-    manifest = fmt.load_manifest(data_dir)
+    manifest = shard_format.load_manifest(data_dir)
     problems: list[str] = []
     seq_len, num_strata = manifest["seq_len"], manifest["num_strata"]
     vocab_size = manifest["vocab"]["size"]
     mask_id = None
     try:
-        vocab = Vocab.load(Path(data_dir) / fmt.VOCAB_NAME)
+        vocab = Vocab.load(Path(data_dir) / shard_format.VOCAB_NAME)
         mask_id = vocab.id("[MASK]")
         if vocab.sha256 != manifest["vocab"]["sha256"]:
-            problems.append(f"{data_dir}/{fmt.VOCAB_NAME}: sha256 differs from the manifest's")
+            problems.append(f"{data_dir}/{shard_format.VOCAB_NAME}: sha256 differs from the manifest's")
     except VocabError as exc:
         problems.append(str(exc))
     report = {"dir": str(data_dir), "seq_len": seq_len, "nsp": manifest["nsp"],
@@ -47,32 +47,32 @@ def inspect_dataset(data_dir: str, verify: bool = False) -> tuple[dict, list[str
         mask_counts = np.zeros(4, dtype=np.int64)
         strata_total = np.zeros(num_strata, dtype=np.int64)
         shard_rows, worst_deviation = [], 0.0
-        for entry, path in zip(summary["shards"], fmt.shard_paths(data_dir, manifest, split)):
+        for entry, path in zip(summary["shards"], shard_format.shard_paths(data_dir, manifest, split)):
             if not path.is_file():
                 problems.append(f"{path}: missing; re-run bert-data-prep shards with the same arguments")
                 continue
-            if verify and fmt.sha256_file(path) != entry["sha256"]:
+            if verify and shard_format.sha256_file(path) != entry["sha256"]:
                 problems.append(f"{path}: sha256 differs from the manifest's (corrupt or replaced)")
             try:
-                arrays = fmt.read_shard(path)
-            except fmt.ShardFormatError as exc:
+                arrays = shard_format.read_shard(path)
+            except shard_format.ShardFormatError as exc:
                 problems.append(str(exc))
                 continue
-            lengths = arrays[fmt.LENGTHS_KEY].astype(np.int64)
+            lengths = arrays[shard_format.LENGTHS_KEY].astype(np.int64)
             lengths_hist += np.bincount(lengths, minlength=seq_len + 1)[: seq_len + 1]
-            strata = np.bincount(fmt.stratum_of(lengths, seq_len, num_strata), minlength=num_strata)
+            strata = np.bincount(shard_format.stratum_of(lengths, seq_len, num_strata), minlength=num_strata)
             strata_total += strata
             if static and mask_id is not None and len(lengths):
                 mask_counts += _masking_stats(arrays, mask_id)
             shard_rows.append({"name": entry["name"], "samples": len(lengths),
                                "strata_counts": strata.tolist()})
             if verify:
-                problems += fmt.check_shard_arrays(arrays, where=str(path), seq_len=seq_len,
+                problems += shard_format.check_shard_arrays(arrays, where=str(path), seq_len=seq_len,
                                                    static_masking=static, vocab_size=vocab_size)
                 if len(lengths) != entry["samples"] or strata.tolist() != entry["strata_counts"]:
                     problems.append(f"{path}: holds {len(lengths)} samples / strata {strata.tolist()}, "
                                     f"manifest says {entry['samples']} / {entry['strata_counts']}")
-                if len(lengths) and np.any(np.diff(fmt.stratum_of(lengths, seq_len, num_strata) * (seq_len + 1)
+                if len(lengths) and np.any(np.diff(shard_format.stratum_of(lengths, seq_len, num_strata) * (seq_len + 1)
                                                    + lengths) < 0):
                     problems.append(f"{path}: samples are not ordered by stratum and length")
         samples = int(strata_total.sum())

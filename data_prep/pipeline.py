@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data import shard_format
 from commodity_bert.data.masking import mask_rows
 from commodity_bert.data.vocab import Vocab
 from commodity_bert.host import atomic_write_text
@@ -112,8 +112,8 @@ def _init_worker(config: PrepConfig, vocab_path: str) -> None:
         is_special=vocab.special_mask(),
         replacement_ids=vocab.random_replacement_ids(),
         continuation=vocab.continuation_mask() if config.whole_word else None,
-        dtype_static=fmt.record_dtype(config.seq_len, config.max_predictions, len(vocab), True),
-        dtype_dynamic=fmt.record_dtype(config.seq_len, config.max_predictions, len(vocab), False),
+        dtype_static=shard_format.record_dtype(config.seq_len, config.max_predictions, len(vocab), True),
+        dtype_dynamic=shard_format.record_dtype(config.seq_len, config.max_predictions, len(vocab), False),
     )
 
 
@@ -199,7 +199,7 @@ class StratifiedBuckets:
         if not len(records):
             return
         self.length_histogram += np.bincount(records["length"], minlength=self.cfg.seq_len + 1)
-        strata = fmt.stratum_of(records["length"], self.cfg.seq_len, self.cfg.num_strata)
+        strata = shard_format.stratum_of(records["length"], self.cfg.seq_len, self.cfg.num_strata)
         for s in np.unique(strata):
             rows = records[strata == s]
             virtual = (self.counts[s] + np.arange(len(rows))) % self.num_shards
@@ -229,12 +229,12 @@ class StratifiedBuckets:
 
 
 def _record_dtypes(cfg: PrepConfig, vocab_size: int) -> dict[str, np.dtype]:
-    return {"train": fmt.record_dtype(cfg.seq_len, cfg.max_predictions, vocab_size, cfg.static),
-            "validation": fmt.record_dtype(cfg.seq_len, cfg.max_predictions, vocab_size, True)}
+    return {"train": shard_format.record_dtype(cfg.seq_len, cfg.max_predictions, vocab_size, cfg.static),
+            "validation": shard_format.record_dtype(cfg.seq_len, cfg.max_predictions, vocab_size, True)}
 
 
 def _split_dir(out: Path, split: str) -> Path:
-    return out if split == "train" else out / fmt.VALIDATION_DIR
+    return out if split == "train" else out / shard_format.VALIDATION_DIR
 
 
 def _shard_counts(cfg: PrepConfig) -> dict[str, int]:
@@ -308,7 +308,7 @@ def _write_one_shard(args) -> dict:
     dtype = _record_dtypes(cfg, vocab_size)[split]
     buckets = StratifiedBuckets(work / "buckets" / split, cfg, _shard_counts(cfg)[split], dtype)
     records = buckets.shard_records(index, counts)
-    info = fmt.write_shard(_split_dir(out, split) / fmt.shard_name(index), records,
+    info = shard_format.write_shard(_split_dir(out, split) / shard_format.shard_name(index), records,
                            seq_len=cfg.seq_len, num_strata=cfg.num_strata,
                            static_masking=cfg.static or split == "validation",
                            vocab_size=vocab_size, split=split, vocab_sha256=vocab_sha)
@@ -321,9 +321,9 @@ def _gather(cfg: PrepConfig, vocab: Vocab, work: Path, out: Path, scatter: dict,
     for split, num in _shard_counts(cfg).items():
         _split_dir(out, split).mkdir(parents=True, exist_ok=True)
         for index in range(num):
-            path = _split_dir(out, split) / fmt.shard_name(index)
+            path = _split_dir(out, split) / shard_format.shard_name(index)
             if path.exists():  # finished by an earlier, interrupted run
-                infos[split][index] = fmt.shard_info_from_file(path, cfg.num_strata, cfg.seq_len).to_json()
+                infos[split][index] = shard_format.shard_info_from_file(path, cfg.num_strata, cfg.seq_len).to_json()
             else:
                 jobs.append((split, index, cfg, len(vocab), vocab.sha256, work, out,
                              scatter["strata_counts"][split]))
@@ -372,27 +372,27 @@ def describe_source(path: str) -> dict:
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.is_file())
-        listing = "".join(f"{f.relative_to(p)}\0{fmt.sha256_file(f)}\n" for f in files)
+        listing = "".join(f"{f.relative_to(p)}\0{shard_format.sha256_file(f)}\n" for f in files)
         return {"path": str(p.resolve()), "bytes": sum(f.stat().st_size for f in files), "files": len(files),
                 "sha256": hashlib.sha256(listing.encode()).hexdigest()}
-    return {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": fmt.sha256_file(p)}
+    return {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": shard_format.sha256_file(p)}
 
 
 def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -> dict:
     from data_prep import __version__
     return {
-        "format": fmt.FORMAT_NAME,
-        "format_version": fmt.FORMAT_VERSION,
+        "format": shard_format.FORMAT_NAME,
+        "format_version": shard_format.FORMAT_VERSION,
         "created_by": {"tool": "bert-data-prep", "version": __version__},
         "args": cfg.to_json(),
-        "vocab": {"file": fmt.VOCAB_NAME, "size": len(vocab), "sha256": vocab.sha256,
+        "vocab": {"file": shard_format.VOCAB_NAME, "size": len(vocab), "sha256": vocab.sha256,
                   "lowercase": cfg.lowercase},
         "seq_len": cfg.seq_len,
         "nsp": cfg.nsp,
         "masking": cfg.masking,
         "max_predictions": cfg.max_predictions,
         "num_strata": cfg.num_strata,
-        "strata_bounds": fmt.strata_bounds(cfg.seq_len, cfg.num_strata),
+        "strata_bounds": shard_format.strata_bounds(cfg.seq_len, cfg.num_strata),
         "input": {"documents": sum(scatter["documents"].values()), "tokens": scatter["tokens_in"]},
         "sources": describe_sources(cfg),
         "skipped_lines": scatter["skipped"],
@@ -401,7 +401,7 @@ def build_manifest(cfg: PrepConfig, vocab: Vocab, scatter: dict, shards: dict) -
 
 
 def _previous_args(out: Path) -> dict | None:
-    for path in (out / fmt.MANIFEST_NAME, out / WORK_DIR / "state.json"):
+    for path in (out / shard_format.MANIFEST_NAME, out / WORK_DIR / "state.json"):
         if path.is_file():
             try:
                 return json.loads(path.read_text())["args"]
@@ -437,10 +437,10 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
                      hf_data_files=next((s.data_files for s in sources if s.data_files), ()), **cfg_kwargs)
     out = Path(output)
     _check_output_dir(out, cfg)
-    manifest_path = out / fmt.MANIFEST_NAME
+    manifest_path = out / shard_format.MANIFEST_NAME
     if manifest_path.is_file():
-        manifest = fmt.load_manifest(out)
-        if all(p.is_file() for s in SPLITS for p in fmt.shard_paths(out, manifest, s)):
+        manifest = shard_format.load_manifest(out)
+        if all(p.is_file() for s in SPLITS for p in shard_format.shard_paths(out, manifest, s)):
             print(f"{out}: complete, nothing to do", file=sys.stderr)
             return manifest
     created = not out.exists()
@@ -461,8 +461,8 @@ def run_shards(cfg_kwargs: dict, vocab_path: str, output: str, workers: int) -> 
                                 f"pass files with text in them")
             atomic_write_text(scatter_path, json.dumps(scatter))
         shards = _gather(cfg, vocab, work, out, scatter, pool)
-        shutil.copyfile(vocab.path, out / (fmt.VOCAB_NAME + ".tmp"))
-        os.replace(out / (fmt.VOCAB_NAME + ".tmp"), out / fmt.VOCAB_NAME)
+        shutil.copyfile(vocab.path, out / (shard_format.VOCAB_NAME + ".tmp"))
+        os.replace(out / (shard_format.VOCAB_NAME + ".tmp"), out / shard_format.VOCAB_NAME)
         manifest = build_manifest(cfg, vocab, scatter, shards)
         atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
     except PrepError:

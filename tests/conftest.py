@@ -31,7 +31,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_modes", "test_training_paths",
                                   "test_plateau"], "shared_runs"),
                  **dict.fromkeys(["test_multihost", "test_launcher", "test_plan", "test_checkpoints_on_a_cluster"],
-                                 "on_hosts")}
+                                 "on_hosts"),
+                 **dict.fromkeys(["test_data", "test_model"], "datasets")}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -140,6 +141,29 @@ def first_documents(text: str, max_chars: int) -> str:
 @pytest.fixture(scope="session")
 def sotu_text() -> str:
     return lzma.open(EMBEDDED_SOTU, "rt", encoding="utf-8").read()
+
+
+@pytest.fixture(scope="session")
+def datasets(tmp_path_factory, sotu_small) -> Path:
+    """Seq-64 shards of the text: static/ (NSP, 4 shards) and dynamic/ (dynamic masking, no NSP, 3)."""
+    root = tmp_path_factory.mktemp("data")
+    common = ["--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--val-fraction", 0.05, "--workers", 2]
+    run_cli("shards", *common, "--num-shards", 4, "--output", root / "static")
+    run_cli("shards", *common, "--num-shards", 3, "--masking", "dynamic", "--no-nsp", "--output", root / "dynamic")
+    return root
+
+
+def batch_of(data_dir: Path, indices) -> tuple[dict, dict]:
+    """(manifest, the batch the loader makes of `indices` of the first shard)."""
+    import numpy as np
+
+    from commodity_bert.data import shard_format as fmt
+    from commodity_bert.data.loader import BatchMaker
+    from commodity_bert.data.vocab import Vocab
+    manifest = fmt.load_manifest(data_dir)
+    arrays = fmt.read_shard(data_dir / "shard_00000.hdf5")
+    maker = BatchMaker(arrays, manifest, Vocab.load(data_dir / "vocab.txt"), seed=3, static=manifest["masking"] == "static")
+    return manifest, maker(np.asarray(indices), (0, 0, 0))
 
 
 @pytest.fixture(scope="session")

@@ -265,7 +265,7 @@ def _decision_worker(rank, world, port, results):
     from commodity_bert.train.bookkeeping import Bookkeeping
     with BytesCounter() as wire:
         book = Bookkeeping(device=torch.device("cpu"), world=world, total_batch=8, max_steps=100, log_every=1000,
-                           eval_every=0, save_every=4, save_every_minutes=0, time_budget=None, wire=wire)
+                           eval_every=0, save_every=4, save_every_minutes=0, time_budget=None, traffic=wire)
         decisions = []
         for step in range(1, 20):
             decision = book.decide(step, signalled=rank == 1 and step >= 6)  # one rank alone is signalled

@@ -279,7 +279,7 @@ def test_a_shard_that_fails_mid_run_is_held_and_the_last_batch_stands_in():
         raise DataError("shard s.hdf5 differs from its manifest (sha256)")
 
     book = Bookkeeping(device=torch.device("cpu"), world=2, total_batch=4, max_steps=10, log_every=1, eval_every=0,
-                       save_every=0, save_every_minutes=0, time_budget=None, wire=BytesCounter())
+                       save_every=0, save_every_minutes=0, time_budget=None, traffic=BytesCounter())
     stream = batches()
     first = book.next_batch(stream)
     assert book.next_batch(stream) is first and book.next_batch(stream) is first
@@ -288,7 +288,7 @@ def test_a_shard_that_fails_mid_run_is_held_and_the_last_batch_stands_in():
         raise OSError("disk full")
     assert book.error == "shard s.hdf5 differs from its manifest (sha256)"  # the first is the one said
     fresh = Bookkeeping(device=torch.device("cpu"), world=2, total_batch=4, max_steps=10, log_every=1, eval_every=0,
-                        save_every=0, save_every_minutes=0, time_budget=None, wire=BytesCounter())
+                        save_every=0, save_every_minutes=0, time_budget=None, traffic=BytesCounter())
     stream = batches()
     next(stream)
     with pytest.raises(DataError):

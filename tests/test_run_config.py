@@ -84,6 +84,16 @@ def test_the_shipped_configs_read_back_as_deepspeed_wrote_them():
                                             **written}, (path, name)
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_shipped_configs_pass_the_launch_checks(path):
+    from commodity_bert.train.launch_checks import check_deepspeed_config, load_deepspeed_config
+    config = load_deepspeed_config(str(path))
+    for world in (1, 2, 8, 16):
+        total, micro, accumulation = check_deepspeed_config(config, world)
+        assert total == micro * accumulation * world
+
+
 @pytest.mark.parametrize("block, words", [
     ({"bucketwise_clippng": {}}, 'unknown key "commodity_bert.bucketwise_clippng" in the DeepSpeed config; the known '
                                  'ones are activation_checkpointing, attention, bucketwise_clipping, diloco'),

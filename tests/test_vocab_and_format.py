@@ -9,7 +9,6 @@ import pytest
 from conftest import REPO, SHARED_CORPORA, run_cli
 
 from commodity_bert.data import shard_format as fmt
-from commodity_bert.data.masking import mask_rows
 from commodity_bert.data.vocab import Vocab
 from data_prep.instances import InstanceSpec, TokenPool, nsp_instances, packed_instances, token_rows
 from data_prep.sentences import document_sentences
@@ -185,64 +184,6 @@ def test_instances_fit_and_keep_the_text(sotu_small):
     assert lengths.mean() > 100
 
 
-def test_masking_keeps_the_budget_and_the_special_tokens():
-    rng = np.random.default_rng(1)
-    tokens = np.concatenate(([2], rng.integers(1000, 2000, 126), [3]))[None, :].repeat(50, 0)
-    is_special = np.zeros(3000, dtype=bool)
-    is_special[:5] = True
-    masked, positions, originals = mask_rows(tokens, np.full(50, 128), rng=rng, mask_prob=0.15, max_predictions=20,
-                                             mask_id=4, is_special=is_special, replacement_ids=np.arange(5, 3000))
-    for row in range(50):
-        pos = positions[row, :19]
-        assert np.all(positions[row, 19:] == 0) and np.all(np.diff(pos) > 0)  # round(128 × 0.15)
-        assert 0 not in pos and 127 not in pos
-        assert np.array_equal(originals[row, :19], tokens[row, pos])
-        assert np.array_equal(np.delete(masked[row], pos), np.delete(tokens[row], pos))
-    assert len({tuple(p) for p in positions}) == 50  # every row draws its own
-
-
-def test_whole_word_masking_takes_words_whole_and_skips_those_that_overshoot():
-    """BERT's whole-word rule, for all rows at once: a word's pieces are masked together, the
-    budget is never passed, and every word left out is longer than what the budget had left
-    (it was skipped, not forgotten); the words chosen vary with the draw."""
-    from commodity_bert.data.masking import select_rows
-
-    rng = np.random.default_rng(4)
-    is_special = np.zeros(3000, dtype=bool)
-    is_special[:5] = True
-    continuation = np.zeros(3000, dtype=bool)
-    continuation[2000:] = True  # ids 2000+ are '##' pieces
-    lengths = rng.integers(6, 129, 3000)
-    tokens = np.zeros((len(lengths), 128), dtype=np.int64)
-    for row, n in enumerate(lengths):
-        body = np.where(rng.random(n - 2) < 0.4, rng.integers(2000, 3000, n - 2), rng.integers(1000, 2000, n - 2))
-        tokens[row, :n] = np.concatenate(([2], body, [3]))
-    tokens[:, 4] = np.where(lengths > 5, 1, tokens[:, 4])  # a special token inside a run of pieces ends a word
-    selected = select_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20, is_special=is_special,
-                           continuation=continuation)
-    budget = np.minimum(20, np.maximum(1, np.round(lengths * 0.15)))
-    for row, n in enumerate(lengths):
-        words, word = [], []
-        for col in range(n):
-            if is_special[tokens[row, col]]:
-                words, word = words + [word] if word else words, []
-            elif continuation[tokens[row, col]] and word:
-                word.append(col)
-            else:
-                words, word = words + [word] if word else words, [col]
-        words += [word] if word else []
-        taken = [w for w in words if selected[row, w].all()]
-        assert all(selected[row, w].all() or not selected[row, w].any() for w in words)
-        assert not selected[row, n:].any() and not is_special[tokens[row, selected[row]]].any()
-        have = sum(map(len, taken))
-        assert have <= budget[row]
-        assert all(len(w) > budget[row] - have for w in words if not selected[row, w].any())
-    assert selected.sum() > 0.95 * budget.sum()  # skipping leaves little of the budget unused
-    again = select_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20, is_special=is_special,
-                        continuation=continuation)
-    assert (again != selected).any(axis=1).mean() > 0.9
-
-
 def test_truncate_pair_trims_the_longer_segment_first():
     from data_prep.instances import _truncate_pair
     rng = random.Random(0)
@@ -283,34 +224,3 @@ def test_the_cached_tokenizer_gives_hf_tokenizers_ids(sotu_small, lowercase, mon
         if cache_words > 1000:
             assert len(fast.words) > 1000
     assert sum(not s.isascii() for s in sentences) >= 10
-
-
-def test_mask_rows_follows_mask_sequences_rule_for_every_row():
-    """The vectorized static masking of bert-data-prep: the same budget, no special token, sorted
-    positions padded with 0, the originals where they were, and the 80/10/10 split overall."""
-    rng = np.random.default_rng(2)
-    lengths = rng.integers(3, 129, 4000)
-    tokens = np.zeros((len(lengths), 128), dtype=np.uint16)
-    for row, n in enumerate(lengths):
-        tokens[row, :n] = np.concatenate(([2], rng.integers(1000, 2000, n - 2), [3]))
-    tokens[:, 7] = np.where(lengths > 8, 0, tokens[:, 7])  # a [PAD]-like special inside some rows
-    is_special = np.zeros(3000, dtype=bool)
-    is_special[:5] = True
-    masked, positions, originals = mask_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20,
-                                             mask_id=4, is_special=is_special, replacement_ids=np.arange(5, 3000))
-    candidates = ((np.arange(128) < lengths[:, None]) & ~is_special[tokens]).sum(1)
-    budget = np.minimum(np.minimum(20, np.maximum(1, np.round(lengths * 0.15))), candidates)
-    counts = (positions > 0).sum(1)
-    assert np.array_equal(counts, budget)
-    shown, kept_as_is = [], 0
-    for row in range(len(lengths)):
-        pos = positions[row, :counts[row]]
-        assert np.all(np.diff(pos) > 0) and np.all(positions[row, counts[row]:] == 0)
-        assert not is_special[tokens[row, pos]].any() and np.all(pos < lengths[row])
-        assert np.array_equal(originals[row, :counts[row]], tokens[row, pos])
-        assert np.array_equal(np.delete(masked[row], pos), np.delete(tokens[row], pos))
-        shown.extend(masked[row, pos].tolist())
-        kept_as_is += int((masked[row, pos] == tokens[row, pos]).sum())
-    shown = np.array(shown)
-    assert 0.78 < (shown == 4).mean() < 0.82  # [MASK]
-    assert 0.09 < kept_as_is / len(shown) < 0.115  # kept (and the few random draws of the same id)

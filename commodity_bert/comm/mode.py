@@ -256,7 +256,7 @@ class OneBitLambMode(CompressingOptimizer):
         return fields
 
 
-class RanksStepAlone(CommMode):
+class LocalSteps(CommMode):
     """Modes in which a rank steps on its own gradients between exchanges (0/1 Adam, DiLoCo)."""
 
     ranks_step_alone = True
@@ -272,7 +272,7 @@ class RanksStepAlone(CommMode):
         return config
 
 
-class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
+class ZeroOneAdamMode(CompressingOptimizer, LocalSteps):
     """0/1 Adam (optim/zero_one_adam.py): the optimizer decides step by step whether DeepSpeed
     allreduces the gradients, sends 1-bit momenta, or sends nothing (a local step)."""
 
@@ -347,7 +347,7 @@ class ZeroOneAdamMode(CompressingOptimizer, RanksStepAlone):
                 "local_step_interval": self.optimizer.schedule["local_interval"] if self.optimizer.frozen else 0}
 
 
-class DiLoCoMode(RanksStepAlone):
+class DiLoCoMode(LocalSteps):
     """DiLoCo (diloco.py): H inner steps with no communication, then one outer step on the
     averaged pseudo-gradient."""
 

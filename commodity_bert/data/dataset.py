@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data import shard_format
 from commodity_bert.data.masking import MASK_PROB
 
 
@@ -21,13 +21,13 @@ class ShardSet:
     @classmethod
     def open(cls, path: str | os.PathLike) -> ShardSet:
         """ShardFormatError, in one line, for a directory that is not a data set."""
-        manifest = fmt.load_manifest(path)
-        digest = hashlib.sha256((Path(path) / fmt.MANIFEST_NAME).read_bytes()).hexdigest()
+        manifest = shard_format.load_manifest(path)
+        digest = hashlib.sha256((Path(path) / shard_format.MANIFEST_NAME).read_bytes()).hexdigest()
         return cls(Path(path), manifest, digest)
 
     @property
     def vocab_path(self) -> Path:
-        return self.path / fmt.VOCAB_NAME
+        return self.path / shard_format.VOCAB_NAME
 
     @property
     def vocab_size(self) -> int:

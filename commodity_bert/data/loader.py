@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data import shard_format
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.data.masking import MASK_PROB, mask_selected, select_rows
 from commodity_bert.data.vocab import Vocab
@@ -39,10 +39,10 @@ def check_shard_file(path: Path, sha256: str | None) -> None:
     """The shard is there and, given the manifest's sha256, holds the bytes that were written."""
     if not path.is_file():
         raise DataError(f"shard {path} is missing; re-run bert-data-prep shards with the same arguments")
-    if sha256 is not None and fmt.sha256_file(path) != sha256:
+    if sha256 is not None and shard_format.sha256_file(path) != sha256:
         try:  # the more telling of the two: not a shard at all, or another shard's samples
-            fmt.read_shard(path)
-        except fmt.ShardFormatError as exc:
+            shard_format.read_shard(path)
+        except shard_format.ShardFormatError as exc:
             raise DataError(str(exc)) from exc
         raise DataError(f"shard {path} differs from its manifest (sha256); copy it again from the "
                         f"dataset or re-run bert-data-prep shards, and check with bert-data-prep inspect --verify")
@@ -58,8 +58,8 @@ def load_arrays(paths: list[Path], sha256s: list[str] | None = None) -> dict[str
         if not path.is_file():
             check_shard_file(path, None)
         try:
-            parts.append(fmt.read_shard(path, keys=ARRAY_KEYS))
-        except fmt.ShardFormatError as exc:
+            parts.append(shard_format.read_shard(path, keys=ARRAY_KEYS))
+        except shard_format.ShardFormatError as exc:
             raise DataError(str(exc)) from exc
         if sha256s is not None:
             check_shard_file(path, sha256s[i])
@@ -231,14 +231,14 @@ class ShardReader:
     the rows of given sample ids from them."""
 
     def __init__(self, data_dir: str | Path, manifest: dict):
-        self.paths = fmt.shard_paths(data_dir, manifest, "train")
+        self.paths = shard_format.shard_paths(data_dir, manifest, "train")
         self.entries = manifest["splits"]["train"]["shards"]
         self.seq_len, self.num_strata = manifest["seq_len"], manifest["num_strata"]
 
     def load(self, shard: int) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         """A shard's arrays and, per stratum, its rows in order (the ordinals of sample ids)."""
         arrays = load_arrays([self.paths[shard]], [self.entries[shard]["sha256"]])
-        strata = fmt.stratum_of(arrays["lengths"], self.seq_len, self.num_strata)
+        strata = shard_format.stratum_of(arrays["lengths"], self.seq_len, self.num_strata)
         rows = [np.flatnonzero(strata == s) for s in range(self.num_strata)]
         if [len(r) for r in rows] != list(self.entries[shard]["strata_counts"]):
             raise DataError(f"shard {self.paths[shard]} holds other length strata than its manifest says; "
@@ -419,15 +419,15 @@ class ValidationBatches:
         split = manifest["splits"]["validation"]
         if not split["shards"] or split["samples"] == 0:
             return
-        paths = fmt.shard_paths(data.path, manifest, "validation")
+        paths = shard_format.shard_paths(data.path, manifest, "validation")
         digests = [entry["sha256"] for entry in split["shards"]]
         sizes = [entry["samples"] for entry in split["shards"]]
         lengths = []
         for path in paths:
             check_shard_file(path, None)
             try:
-                lengths.append(fmt.read_shard(path, keys=())[fmt.LENGTHS_KEY])
-            except fmt.ShardFormatError as exc:
+                lengths.append(shard_format.read_shard(path, keys=())[shard_format.LENGTHS_KEY])
+            except shard_format.ShardFormatError as exc:
                 raise DataError(str(exc)) from exc
         mine = np.argsort(np.concatenate(lengths), kind="stable")[rank::world]  # global ids, length order
         kept_ids = np.sort(mine)  # kept rows in the shards' order: batches as a whole-split load made them

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from commodity_bert.data import shard_format as fmt
+from commodity_bert.data import shard_format
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
 from commodity_bert.train import checkpoint as ckpt
 
@@ -97,11 +97,11 @@ def _run_tokenizer(run_dir: Path, run_config: dict, flag: str):
         return _hf_tokenizer(run_dir / HF_MODEL, flag)
     from transformers import BertTokenizerFast
     data = Path(run_config.get("args", {}).get("data", ""))
-    vocab = data / fmt.VOCAB_NAME
+    vocab = data / shard_format.VOCAB_NAME
     if not vocab.is_file():
         raise ModelError(f"{flag}: the run's data directory {data} (for its vocabulary) is not on this machine; "
                          f"run where the data is, or wait for RUN/hf_model")
-    lowercase = fmt.load_manifest(data)["vocab"].get("lowercase", True)
+    lowercase = shard_format.load_manifest(data)["vocab"].get("lowercase", True)
     # vocab=, not vocab_file=: with transformers 5 the latter silently builds a 5-token vocabulary
     return BertTokenizerFast(vocab=str(vocab), do_lower_case=lowercase)
 

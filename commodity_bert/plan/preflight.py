@@ -200,8 +200,8 @@ def measure_training_step(args, given: RunConfig, device: torch.device, rank: in
         batches = synthetic_batches(args.micro_batch, seq_len, vocab_size, 2 * args.steps + 4, nsp)
     model_config = build_config(args.model, vocab_size)
 
-    from commodity_bert.train.engine import AloneGroup
-    alone = AloneGroup()  # each rank measures its own step, all at once
+    from commodity_bert.train.engine import OneRankGroup
+    alone = OneRankGroup()  # each rank measures its own step, all at once
     lamb = timed_steps(config, model_config, nsp, batches, device, args.steps, alone)
     onebit_config = {**config, "optimizer": {"type": "OneBitLamb", "params": {**onebit_params, "freeze_step": 1}}}
     onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, alone, compress=True)
@@ -264,7 +264,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
     engine, optimizer, _, mode, _ = build_engine(config, model, mpu=alone)
     mode.attach(engine, optimizer, model)
     engine.enable_backward_allreduce = False  # called below, timed apart
-    scaled = loss_for_backward(engine)
+    loss_to_backward = loss_for_backward(engine)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if compress:
         optimizer.compressor = CompressedAllreduce(params, device, group=alone.group, scale_block=optimizer.scale_block)
@@ -277,7 +277,7 @@ def timed_steps(config: dict, model_config, nsp: bool, batches, device: torch.de
         sync(device)
         start = time.perf_counter()
         loss, _ = engine(batch)
-        engine.backward(scaled(loss))
+        engine.backward(loss_to_backward(loss))
         sync(device)
         middle = time.perf_counter()
         if not compress:

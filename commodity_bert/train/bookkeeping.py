@@ -54,11 +54,11 @@ class Decision:
 class Bookkeeping:
     def __init__(self, *, device, world: int, total_batch: int, max_steps: int, log_every: int,
                  eval_every: int, save_every: int, save_every_minutes: float, time_budget: float | None,
-                 wire, nodes: int = 1, clocks: dict | None = None):
+                 traffic, nodes: int = 1, clocks: dict | None = None):
         self.device, self.world, self.total_batch = device, world, total_batch
         self.max_steps, self.log_every, self.eval_every = max_steps, log_every, eval_every
         self.save_every, self.save_every_minutes, self.time_budget = save_every, save_every_minutes, time_budget
-        self.wire = wire  # a BytesCounter: this rank's bytes and collective calls so far
+        self.traffic = traffic  # a BytesCounter: this rank's bytes and collective calls so far
         self.nodes = nodes  # how many nodes the ranks are on: node_bytes_* are per node
         clocks = clocks or {}
         self.wall_before, self.trained_before = clocks.get("wall_s", 0.0), clocks.get("trained_s", 0.0)
@@ -86,9 +86,9 @@ class Bookkeeping:
         self.flops, self.micro_batches, self.steps, self.data_wait = 0.0, 0, 0, 0.0
         self.grad_norm: torch.Tensor | None = None
         self.grad_norm_per_rank = False  # grad_norm is this rank's own (see the module's docstring)
-        self.unlogged_traffic = dict.fromkeys(self.wire.FIELDS, 0)  # the loop's own collectives
+        self.unlogged_traffic = dict.fromkeys(self.traffic.FIELDS, 0)  # the loop's own collectives
         self.window_started, self.evaluating_at_start = time.time(), self.evaluating
-        self.traffic_at_start = self.wire.snapshot()
+        self.traffic_at_start = self.traffic.snapshot()
 
     def next_batch(self, batches):
         """The next micro-batch; where this rank's data fails (a shard changed on disk), the error
@@ -161,11 +161,11 @@ class Bookkeeping:
         """Collectives inside are the loop's own (decisions, gradient norm, evaluation, saving),
         left out of `bytes_sent`, `bytes_received`, `node_bytes_*` and `comm_rounds`, which describe
         training's traffic."""
-        before = self.wire.snapshot(this_thread=True)  # not an exchange running beside the loop
+        before = self.traffic.snapshot(this_thread=True)  # not an exchange running beside the loop
         try:
             yield
         finally:
-            for field, value in self.wire.snapshot(this_thread=True).items():
+            for field, value in self.traffic.snapshot(this_thread=True).items():
                 self.unlogged_traffic[field] += value - before[field]
 
     # ---- decisions
@@ -220,7 +220,7 @@ class Bookkeeping:
     def row(self, step: int, samples: int, lr: float, loss_scale: float) -> dict:
         """The window's metrics (collectives: call on every rank), then a fresh window."""
         traffic = {field: (value - self.traffic_at_start[field] - self.unlogged_traffic[field]) / self.steps
-                   for field, value in self.wire.snapshot().items()}
+                   for field, value in self.traffic.snapshot().items()}
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
         sums = {"flops": self.flops, "between_sent": traffic.pop("bytes_sent_between_nodes"),

@@ -24,7 +24,7 @@ class Engine(NamedTuple):
     ds_config: dict       # the JSON as DeepSpeed got it, with the mode's changes
 
 
-class AloneGroup:
+class OneRankGroup:
     """DeepSpeed's model-parallel unit (`deepspeed.initialize(mpu=...)`) whose data-parallel group
     is this rank alone: the engine's own gradient allreduce then runs all its memory passes
     (flatten, average, copy back) without the wire. For measuring a step while every rank of the
@@ -52,7 +52,7 @@ class AloneGroup:
     get_model_parallel_world_size = get_data_parallel_world_size
 
 
-def build_engine(config: RunConfig | dict, model, mpu: AloneGroup | None = None,
+def build_engine(config: RunConfig | dict, model, mpu: OneRankGroup | None = None,
                  node_local_checkpoints: bool = False) -> Engine:
     config = RunConfig.of(config)
     mode = comm_mode.select(config)

@@ -1,0 +1,336 @@
+"""The data path: a rank's training and validation batches (stratified, resumable, bounded in
+memory by the shards it streams), and BERT's masking rules, static and dynamic."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import batch_of, run_cli
+
+from commodity_bert.data import shard_format as fmt
+from commodity_bert.data.dataset import ShardSet
+from commodity_bert.data.loader import (
+    ID_STRATUM,
+    BatchMaker,
+    TrainingBatches,
+    ValidationBatches,
+    load_arrays,
+    round_schedule,
+    spread_strata,
+)
+from commodity_bert.data.masking import mask_rows
+from commodity_bert.data.vocab import Vocab
+
+
+def test_batches_are_trimmed_and_masked_like_the_shards(datasets):
+    _, batch = batch_of(datasets / "static", range(10))
+    width = batch["input_ids"].shape[1]
+    longest = int(batch["attention_mask"].sum(1).max())
+    assert width % 8 == 0 and longest <= width < longest + 8
+    # masked labels sit where the input shows [MASK] most of the time (80/10/10)
+    mask_id = Vocab.load(datasets / "static" / "vocab.txt").id("[MASK]")
+    shown = batch["input_ids"].view(-1)[batch["masked_index"]]
+    assert 0.6 < (shown == mask_id).float().mean() < 0.95
+
+
+def test_dynamic_masking_is_seeded_perbatch_of(datasets):
+    data = datasets / "dynamic"
+    manifest = fmt.load_manifest(data)
+    arrays = fmt.read_shard(data / "shard_00000.hdf5")
+    maker = BatchMaker(arrays, manifest, Vocab.load(data / "vocab.txt"), seed=3, static=False)
+    rows = np.arange(64)
+    a, b, c = maker(rows, (0, 0, 5)), maker(rows, (0, 0, 5)), maker(rows, (0, 0, 6))
+    assert torch.equal(a["input_ids"], b["input_ids"]) and not torch.equal(a["input_ids"], c["input_ids"])
+    # BERT's budget per row: 15% of its tokens (at least 1, at most max_predictions) among non-specials
+    ids, lengths = arrays["input_ids"][rows], arrays["lengths"][rows].astype(int)
+    budget = sum(min(maker.max_predictions, max(1, round(n * maker.mask_prob)),
+                     int((~maker.is_special[ids[r, :n]]).sum())) for r, n in enumerate(lengths))
+    assert a["masked_labels"].numel() == budget and lengths.sum() >= 300
+    assert not np.isin(arrays["input_ids"], [maker.mask_id]).any()  # the shards stay unmasked
+
+
+def _epoch_plan(batches: TrainingBatches, epoch: int = 0) -> np.ndarray:
+    return np.concatenate([r.plan for r in batches.stream.plans(epoch)])
+
+
+@pytest.mark.parametrize("world, in_memory", [(1, 1), (2, 1), (3, 1), (3, 2), (2, 0)])
+def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world, in_memory):
+    """Streamed a few shards at a time (4 shards; 3 ranks read every W-th sample of every shard)."""
+    data = datasets / "static"
+    manifest = fmt.load_manifest(data)
+    micro = 16
+    seen, mixes = [], []
+    shares = np.array(manifest["splits"]["train"]["strata_shares"])
+    for rank in range(world):
+        batches = TrainingBatches(ShardSet.open(data), rank, world, micro, seed=1, num_workers=0, shards_in_memory=in_memory)
+        plan = _epoch_plan(batches)
+        mixes.append(np.stack([np.bincount((row >> ID_STRATUM) & 15, minlength=len(shares)) for row in plan]))
+        # a sample's identity: its token row, read back through the batches the rank trains
+        stream, rows = iter(batches), set()
+        for _ in range(len(plan)):
+            batch = next(stream)
+            for ids, n in zip(batch["input_ids"], batch["attention_mask"].sum(1)):
+                rows.add(ids[:n].numpy().tobytes())
+        assert batches.epoch == 0 and len(plan) * micro - len(rows) < 3  # no sample twice (a rare exact duplicate text aside)
+        seen.append(rows)
+    # the same number of batches and the same mix in batch r everywhere: no rank waits at a collective
+    assert all(np.array_equal(m, mixes[0]) for m in mixes)
+    assert (mixes[0].sum(axis=1) == micro).all()
+    assert np.abs(mixes[0] - shares * micro).max() < 1 + 1e-9  # every batch within one sample of the shares
+    for i in range(world):
+        for j in range(i + 1, world):
+            assert len(seen[i] & seen[j]) < 3  # disjoint samples
+    # every sample trains in the epoch but fewer than a micro-batch per rank (plus shards' differences)
+    total = sum(manifest["splits"]["train"]["strata_counts"])
+    assert total - sum(len(r) for r in seen) < world * (micro + len(shares)) + 3
+
+
+def test_a_stratum_too_small_for_one_sample_per_batch_still_trains_every_epoch():
+    # the issue's shares [.03, .03, .04, .90] at micro-batch 16 rounded to [1, 0, 1, 14] per batch
+    counts = np.array([[30, 30, 40, 900], [31, 30, 40, 899]])
+    schedule = round_schedule(counts, 16)
+    per_stratum = np.bincount(schedule.ravel(), minlength=4)
+    assert per_stratum.sum() == len(schedule) * 16 == 992
+    assert (per_stratum >= counts.min(axis=0) - 16).all() and per_stratum[1] >= 29  # all but < one batch
+    mix = np.stack([np.bincount(row, minlength=4) for row in schedule])
+    assert np.abs(mix - np.array([.03, .03, .04, .90]) * 16).max() < 1.1
+    assert np.array_equal(spread_strata(per_stratum, 16), schedule)
+
+
+@pytest.mark.parametrize("in_memory", [1, 0])
+def test_an_epoch_of_batches_trains_the_rare_length_stratum(datasets, in_memory):
+    """This dataset's stratum 2 holds 0.3% of the samples: 0.09 of a micro-batch of 32, which
+    rounding per batch made 0, so those samples never trained; streamed, a round's few are
+    carried into the next until they fill their slots."""
+    data = datasets / "static"
+    manifest = fmt.load_manifest(data)
+    rare = int(np.argmin([c if c else np.inf for c in manifest["splits"]["train"]["strata_counts"]]))
+    assert 0 < manifest["splits"]["train"]["strata_shares"][rare] * 32 < 0.5
+    batches = TrainingBatches(ShardSet.open(data), 0, 1, 32, seed=5, num_workers=0, shards_in_memory=in_memory)
+    stream = iter(batches)
+    lengths = []
+    while batches.epoch == 0:
+        batch = next(stream)
+        lengths.extend(batch["attention_mask"].sum(1).tolist())
+    strata = fmt.stratum_of(np.array(lengths), 64, manifest["num_strata"])
+    total = manifest["splits"]["train"]["strata_counts"][rare]
+    assert (strata == rare).sum() >= total - 1
+
+
+@pytest.mark.parametrize("in_memory", [1, 2])
+def test_training_batches_resume_at_their_position(datasets, in_memory):
+    """Mid-round, at a round's first batch and in the next epoch; with and without a loader worker."""
+    data = datasets / "dynamic"
+
+    def batches_from(seed, micro_batch, workers):
+        return TrainingBatches(ShardSet.open(data), 0, 1, micro_batch, seed=seed, num_workers=workers,
+                               shards_in_memory=in_memory)
+    # a seed and micro-batch whose round 0 carries samples into round 1, where two of the
+    # positions below resume (whether it does depends on the shards' sizes)
+    seed, micro_batch = next((seed, mb) for mb in (8, 7, 6, 5) for seed in range(5, 10)
+                             if len(next(iter(batches_from(seed, mb, 0).stream.plans(0))).carried_out))
+    first = batches_from(seed, micro_batch, 0)
+    rounds = first.stream.rounds(0)
+    assert len(rounds) > 1
+    epoch_length = first.stream.batches_in_epoch(0)
+    stream = iter(first)
+    batches = [next(stream) for _ in range(epoch_length + 5)]
+    for position, workers in [(4, 1), (rounds[1].first_batch, 0), (rounds[1].first_batch + 3, 1),
+                              (epoch_length + 2, 0)]:
+        again = batches_from(seed, micro_batch, workers)
+        again.load_state_dict({"epoch": position // epoch_length, "batch": position % epoch_length})
+        resumed = iter(again)
+        for expected in batches[position:position + 3]:
+            got = next(resumed)
+            assert all(torch.equal(got[k], expected[k]) for k in expected)
+    val = list(ValidationBatches(ShardSet.open(data), 0, 1, 8))
+    assert val and all(b["masked_labels"].numel() for b in val)  # held-out split is pre-masked
+
+
+def test_each_rank_holds_only_its_part_of_the_held_out_split(tmp_path, sotu_small):
+    """The batches a whole-split load made, from a rank that keeps only its 1/world of the
+    samples (read shard by shard): the split grows with the data set."""
+    data = tmp_path / "val3"
+    run_cli("shards", "--input", sotu_small, "--seq-len", 64, "--dupe-factor", 1, "--val-fraction", 0.2,
+            "--num-val-shards", 3, "--num-shards", 2, "--workers", 2, "--output", data)
+    manifest = fmt.load_manifest(data)
+    digests = [entry["sha256"] for entry in manifest["splits"]["validation"]["shards"]]
+    whole = load_arrays(fmt.shard_paths(data, manifest, "validation"), digests)
+    order = np.argsort(whole["lengths"], kind="stable")
+    maker = BatchMaker(whole, manifest, Vocab.load(data / "vocab.txt"), seed=0, static=True)
+    assert len(manifest["splits"]["validation"]["shards"]) == 3 and len(order) > 100
+    for world in (1, 3):
+        held = 0
+        for rank in range(world):
+            val = ValidationBatches(ShardSet.open(data), rank, world, 8)
+            mine = order[rank::world]
+            expected = [maker(mine[i:i + 8], ()) for i in range(0, len(mine), 8)]
+            got = list(val)
+            assert len(val) == len(got) == len(expected)
+            for g, e in zip(got, expected):
+                assert g.keys() == e.keys() and all(torch.equal(g[k], e[k]) for k in e)
+            assert all(len(a) == len(mine) for a in val.maker.arrays.values())  # its part, no more
+            held += len(mine)
+        assert held == len(order)
+
+
+def _tiled_dataset(source: Path, out: Path, num_shards: int, samples_per_shard: int) -> Path:
+    """`num_shards` real shards of the source's samples repeated (same text, new files), with
+    their manifest: a data set larger than the stream window without preparing more text."""
+    manifest = fmt.load_manifest(source)
+    arrays = {k: np.concatenate([fmt.read_shard(p)[k] for p in fmt.shard_paths(source, manifest)])
+              for k in ("input_ids", "segment_ids", "next_sentence_labels", "lengths",
+                        "masked_lm_positions", "masked_lm_ids")}
+    seq_len, vocab_size = manifest["seq_len"], manifest["vocab"]["size"]
+    records = np.zeros(len(arrays["lengths"]), dtype=fmt.record_dtype(seq_len, manifest["max_predictions"], vocab_size, True))
+    records["tokens"], records["length"] = arrays["input_ids"], arrays["lengths"]
+    records["segment_a"] = np.where(arrays["segment_ids"].any(1), arrays["segment_ids"].argmax(1), arrays["lengths"])
+    records["random_next"] = arrays["next_sentence_labels"]
+    records["masked_positions"], records["masked_ids"] = arrays["masked_lm_positions"], arrays["masked_lm_ids"]
+    out.mkdir()
+    infos = []
+    for k in range(num_shards):
+        rows = np.arange(k * samples_per_shard, (k + 1) * samples_per_shard) % len(records)
+        infos.append(fmt.write_shard(out / fmt.shard_name(k), records[rows], seq_len=seq_len,
+                                     num_strata=manifest["num_strata"], static_masking=True, vocab_size=vocab_size,
+                                     split="train", vocab_sha256=manifest["vocab"]["sha256"]).to_json())
+    train = manifest["splits"]["train"]
+    train["shards"] = infos
+    train["strata_counts"] = np.sum([i["strata_counts"] for i in infos], axis=0).tolist()
+    train["samples"] = sum(train["strata_counts"])
+    (out / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    (out / fmt.VOCAB_NAME).write_bytes((source / fmt.VOCAB_NAME).read_bytes())
+    return out
+
+
+EPOCH_PEAK_RSS = """
+import sys
+from commodity_bert.data.dataset import ShardSet
+from commodity_bert.data.loader import TrainingBatches
+def peak_mb():
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1024
+data, in_memory = sys.argv[1], int(sys.argv[2])
+open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: torch's import peaks higher
+start = peak_mb()
+batches = TrainingBatches(ShardSet.open(data), 0, 1, 256, seed=1, num_workers=0, shards_in_memory=in_memory)
+stream = iter(batches)
+while batches.epoch == 0:
+    next(stream)
+print(peak_mb() - start)
+"""
+
+
+def test_a_ranks_memory_is_bounded_by_the_shards_it_streams_not_the_data_set(datasets, tmp_path):
+    """An epoch over 4× the shards (same shard size) in a fresh process: the peak RSS grows by
+    less than a quarter of the arrays added when streaming one shard at a time, and by most of
+    them with every shard held (the measurement can tell the two apart)."""
+    shard_mb = 4
+    per_sample = sum(a.itemsize * (a.size // len(a)) for k, a in fmt.read_shard(
+        datasets / "static" / "shard_00000.hdf5").items() if k != "input_mask")
+    samples = shard_mb * 2**20 // per_sample
+    small = _tiled_dataset(datasets / "static", tmp_path / "small", 4, samples)
+    large = _tiled_dataset(datasets / "static", tmp_path / "large", 16, samples)
+
+    def peak_mb(data, in_memory):
+        out = subprocess.run([sys.executable, "-c", EPOCH_PEAK_RSS, str(data), str(in_memory)], check=True,
+                             capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        return float(out.stdout.split()[-1])
+
+    added_mb = 12 * shard_mb
+    streamed = peak_mb(small, 1), peak_mb(large, 1)
+    held = peak_mb(large, 0)
+    print("peak MB above start, streamed small/large and held:", streamed, held)
+    assert streamed[1] - streamed[0] < added_mb / 4, (streamed, held)
+    assert held - streamed[0] > added_mb / 2, (streamed, held)
+
+
+def test_masking_keeps_the_budget_and_the_special_tokens():
+    rng = np.random.default_rng(1)
+    tokens = np.concatenate(([2], rng.integers(1000, 2000, 126), [3]))[None, :].repeat(50, 0)
+    is_special = np.zeros(3000, dtype=bool)
+    is_special[:5] = True
+    masked, positions, originals = mask_rows(tokens, np.full(50, 128), rng=rng, mask_prob=0.15, max_predictions=20,
+                                             mask_id=4, is_special=is_special, replacement_ids=np.arange(5, 3000))
+    for row in range(50):
+        pos = positions[row, :19]
+        assert np.all(positions[row, 19:] == 0) and np.all(np.diff(pos) > 0)  # round(128 × 0.15)
+        assert 0 not in pos and 127 not in pos
+        assert np.array_equal(originals[row, :19], tokens[row, pos])
+        assert np.array_equal(np.delete(masked[row], pos), np.delete(tokens[row], pos))
+    assert len({tuple(p) for p in positions}) == 50  # every row draws its own
+
+
+def test_whole_word_masking_takes_words_whole_and_skips_those_that_overshoot():
+    """BERT's whole-word rule, for all rows at once: a word's pieces are masked together, the
+    budget is never passed, and every word left out is longer than what the budget had left
+    (it was skipped, not forgotten); the words chosen vary with the draw."""
+    from commodity_bert.data.masking import select_rows
+
+    rng = np.random.default_rng(4)
+    is_special = np.zeros(3000, dtype=bool)
+    is_special[:5] = True
+    continuation = np.zeros(3000, dtype=bool)
+    continuation[2000:] = True  # ids 2000+ are '##' pieces
+    lengths = rng.integers(6, 129, 3000)
+    tokens = np.zeros((len(lengths), 128), dtype=np.int64)
+    for row, n in enumerate(lengths):
+        body = np.where(rng.random(n - 2) < 0.4, rng.integers(2000, 3000, n - 2), rng.integers(1000, 2000, n - 2))
+        tokens[row, :n] = np.concatenate(([2], body, [3]))
+    tokens[:, 4] = np.where(lengths > 5, 1, tokens[:, 4])  # a special token inside a run of pieces ends a word
+    selected = select_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20, is_special=is_special,
+                           continuation=continuation)
+    budget = np.minimum(20, np.maximum(1, np.round(lengths * 0.15)))
+    for row, n in enumerate(lengths):
+        words, word = [], []
+        for col in range(n):
+            if is_special[tokens[row, col]]:
+                words, word = words + [word] if word else words, []
+            elif continuation[tokens[row, col]] and word:
+                word.append(col)
+            else:
+                words, word = words + [word] if word else words, [col]
+        words += [word] if word else []
+        taken = [w for w in words if selected[row, w].all()]
+        assert all(selected[row, w].all() or not selected[row, w].any() for w in words)
+        assert not selected[row, n:].any() and not is_special[tokens[row, selected[row]]].any()
+        have = sum(map(len, taken))
+        assert have <= budget[row]
+        assert all(len(w) > budget[row] - have for w in words if not selected[row, w].any())
+    assert selected.sum() > 0.95 * budget.sum()  # skipping leaves little of the budget unused
+    again = select_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20, is_special=is_special,
+                        continuation=continuation)
+    assert (again != selected).any(axis=1).mean() > 0.9
+
+
+def test_mask_rows_follows_mask_sequences_rule_for_every_row():
+    """The vectorized static masking of bert-data-prep: the same budget, no special token, sorted
+    positions padded with 0, the originals where they were, and the 80/10/10 split overall."""
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(3, 129, 4000)
+    tokens = np.zeros((len(lengths), 128), dtype=np.uint16)
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = np.concatenate(([2], rng.integers(1000, 2000, n - 2), [3]))
+    tokens[:, 7] = np.where(lengths > 8, 0, tokens[:, 7])  # a [PAD]-like special inside some rows
+    is_special = np.zeros(3000, dtype=bool)
+    is_special[:5] = True
+    masked, positions, originals = mask_rows(tokens, lengths, rng=rng, mask_prob=0.15, max_predictions=20,
+                                             mask_id=4, is_special=is_special, replacement_ids=np.arange(5, 3000))
+    candidates = ((np.arange(128) < lengths[:, None]) & ~is_special[tokens]).sum(1)
+    budget = np.minimum(np.minimum(20, np.maximum(1, np.round(lengths * 0.15))), candidates)
+    counts = (positions > 0).sum(1)
+    assert np.array_equal(counts, budget)
+    shown, kept_as_is = [], 0
+    for row in range(len(lengths)):
+        pos = positions[row, :counts[row]]
+        assert np.all(np.diff(pos) > 0) and np.all(positions[row, counts[row]:] == 0)
+        assert not is_special[tokens[row, pos]].any() and np.all(pos < lengths[row])
+        assert np.array_equal(originals[row, :counts[row]], tokens[row, pos])
+        assert np.array_equal(np.delete(masked[row], pos), np.delete(tokens[row], pos))
+        shown.extend(masked[row, pos].tolist())
+        kept_as_is += int((masked[row, pos] == tokens[row, pos]).sum())
+    shown = np.array(shown)
+    assert 0.78 < (shown == 4).mean() < 0.82  # [MASK]
+    assert 0.09 < kept_as_is / len(shown) < 0.115  # kept (and the few random draws of the same id)
