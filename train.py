@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
 
             if decision.log:
                 row = bookkeeping.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
-                               current_loss_scale(engine.optimizer))
+                                      current_loss_scale(engine.optimizer))
                 row.update(mode.metric_fields())
                 if args.compile:  # grows with every recompile: a step whose shapes the graphs did not cover
                     row["compiled_graphs"] = dynamo_counters["stats"]["unique_graphs"]

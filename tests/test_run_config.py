@@ -106,6 +106,20 @@ def test_a_section_no_owner_declares_or_its_owner_refuses_is_one_line(block, wor
     assert words in RunConfig.parse({"optimizer": {"type": "Lamb"}, "commodity_bert": block}).problems()
 
 
+def test_an_optimizer_is_one_name_in_configs_and_in_bert_plan():
+    """Configs keep DeepSpeed's type in any case, bert-plan its snake-case names: both reach the
+    same registered optimizer (and bert-plan's step model of it), with no warning."""
+    from commodity_bert.optim.registry import registered
+    from commodity_bert.plan.cli import step_model_of
+    for spellings, step_model in ((("Lamb", "lamb", "LAMB"), "lamb"),
+                                  (("OneBitLamb", "onebitlamb", "onebit_lamb"), "onebit_lamb"),
+                                  (("ZeroOneAdam", "zerooneadam", "zero_one_adam"), "zero_one_adam")):
+        assert {registered(name).type for name in spellings} == {spellings[0]}
+        assert {step_model_of(name) for name in spellings} == {step_model}
+    assert step_model_of("bucketwise") == "bucketwise" and step_model_of("diloco") == "diloco"  # modes
+    assert step_model_of("AdamW") is None and step_model_of("sgd") is None  # no step model: refused in one line
+
+
 # ---- a toy optimizer: plain SGD, registered here and nowhere else
 TOY = '''
 import sys, torch

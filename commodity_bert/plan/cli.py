@@ -23,12 +23,24 @@ import sys
 from pathlib import Path
 
 from commodity_bert.cli_help import one_line_parser, show_defaults
+from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
+from commodity_bert.optim.registry import registered
 from commodity_bert.plan.step_model import OPTIMIZERS, PlanError, recipe_rows
 
 PROG = "bert-plan"
 
 
 OneLineParser = one_line_parser(PlanError, see_help=True)
+
+
+def step_model_of(name: str) -> str | None:
+    """The step model --optimizer names: an optimizer's, in any spelling of its registered name
+    (`OneBitLamb`, `onebit_lamb`: optim/registry.py), or a communication mode's (bucketwise,
+    diloco); None for a name bert-plan has no model of."""
+    entry = registered(name)
+    if entry is not None and entry.plan_name:
+        return entry.plan_name
+    return name if name in OPTIMIZERS else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,9 +113,9 @@ def estimate(args) -> list[dict]:
     if args.recipe and args.config:
         raise PlanError("--recipe and --config: give one (the recipe is the shipped phase-1 + phase-2 configs)")
     nodes_list = e.parse_list(args.nodes, "--nodes")
-    optimizers = [o.strip() for o in args.optimizer.split(",") if o.strip()]
-    unknown = [o for o in optimizers if o not in OPTIMIZERS]
-    if unknown or not optimizers:
+    given = [o.strip() for o in args.optimizer.split(",") if o.strip()]
+    optimizers = [step_model_of(o) for o in given]
+    if None in optimizers or not optimizers:
         raise PlanError(f"--optimizer {args.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
     if args.profile:
         profile = e.load_profile(args.profile)

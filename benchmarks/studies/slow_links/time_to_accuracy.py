@@ -23,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
+from commodity_bert.optim import build  # noqa: E402,F401  (the optimizers register themselves)
+from commodity_bert.optim.registry import registered  # noqa: E402
 from commodity_bert.plan import estimate as e  # noqa: E402
 from commodity_bert.plan.step_model import step_estimates  # noqa: E402
 
@@ -33,8 +35,7 @@ VOCAB = 8192
 def mode_of(config: dict) -> str:
     if "diloco" in config.get("commodity_bert", {}):
         return "diloco"
-    kind = config["optimizer"]["type"].lower()
-    return {"onebitlamb": "onebit_lamb", "zerooneadam": "zero_one_adam"}.get(kind, "lamb")
+    return registered(config["optimizer"]["type"]).plan_name or "lamb"
 
 
 def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latency_ms: float,
