@@ -266,7 +266,7 @@ def test_a_toy_family_registered_here_runs_through_bert_finetune(tmp_path, tiny,
         "toy", "the toy family", classification.encode, classification.finetune, length_rule, from_files=read,
         sample_train=tasks.sample_train, units="lines",
         head=lambda hp: "mean pooling (toy)", report_lines=lambda r: [f"length rule {100 * r['length_rule']['value']:.1f}%"],
-        no_model_baseline=lambda r: (r["length_rule"]["value"], "length rule")))
+        no_model_baseline=lambda r: (r["length_rule"]["value"], "length rule"), task_type="toy-classification"))
     try:
         args = ["--model", tiny, "--train", tmp_path / "train.toy", "--validation", tmp_path / "dev.toy",
                 "--family", "toy", *QUICK, "--json", tmp_path / "toy.json"]
@@ -275,7 +275,7 @@ def test_a_toy_family_registered_here_runs_through_bert_finetune(tmp_path, tiny,
         assert "toy (toy): accuracy on 32 dev lines (96 train)" in out and "mean pooling (toy)" in out, out
         assert "length rule 100.0%" in out, out
         result = json.loads((tmp_path / "toy.json").read_text())
-        assert result["family"] == "toy" and 0 <= result["median"] <= 1
+        assert result["family"] == "toy" and result["task_type"] == "toy-classification" and 0 <= result["median"] <= 1
         assert "| toy | toy | accuracy | 32 |" in table([result]) and "100.0 (length rule)" in table([result])
         code, stderr = refusal(finetune_main, [str(a) for a in args[:-2]] + ["--stride", "8"], capsys)
         assert code == 2 and "--stride is for extractive QA; this task is toy" in stderr, stderr

@@ -145,7 +145,8 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
             rows[name]["exact_match"] = {k: v for k, v in trainer.summarise(
                 [{"value": r["exact_match"]} for r in per_seed]).items() if k != "per_seed"}
     truncated = sum(len(ids) >= hp.max_seq_len for ids in train.input_ids) / max(len(train.input_ids), 1)
-    return {"task": task.name, "family": task.family, "metric": task.metric, **rows["pretrained"],
+    return {"task": task.name, "family": task.family, "task_type": family.task_type, "metric": task.metric,
+            **rows["pretrained"],
             "model": str(pretrained.path), "train_size": len(train),
             "train_examples": task.source.get("train_examples"), "dev_size": len(dev),
             "seconds": round(time.perf_counter() - started, 1),

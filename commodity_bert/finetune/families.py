@@ -38,6 +38,7 @@ class Family:
     train_texts: Callable = lambda task: []              # the training texts as documents (lists of lines)
     report_lines: Callable = lambda result: []           # the baselines, in the report
     no_model_baseline: Callable = lambda result: None    # (value, name) for the results table, or None
+    task_type: str = "text-classification"               # its Hugging Face task, in the results and the model card
 
 
 FAMILIES: dict[str, Family] = {}

@@ -475,4 +475,5 @@ register_family(Family(
     head=lambda hp: f"windows sharing {hp['stride'] if hp.get('stride') is not None else hp['max_seq_len'] // 4} tokens",
     train_texts=lambda task: [[text] for text in dict.fromkeys(q.context for q in task.train)],  # each context once
     report_lines=_report,
-    no_model_baseline=lambda r: (r["sliding_window"]["value"], "sliding window") if r.get("sliding_window") else None))
+    no_model_baseline=lambda r: (r["sliding_window"]["value"], "sliding window") if r.get("sliding_window") else None,
+    task_type="question-answering"))

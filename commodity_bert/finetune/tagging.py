@@ -336,4 +336,5 @@ register_family(Family(
     train_texts=lambda task: [[" ".join(words)] for words in task.train.words],
     report_lines=lambda result: [f"{'majority tag':<24}{100 * result['majority_tag']['value']:>7.1f}%   (each "
                                  f"word's most frequent training tag, O for words never seen)"],
-    no_model_baseline=lambda r: (r["majority_tag"]["value"], "majority tag") if r.get("majority_tag") else None))
+    no_model_baseline=lambda r: (r["majority_tag"]["value"], "majority tag") if r.get("majority_tag") else None,
+    task_type="token-classification"))

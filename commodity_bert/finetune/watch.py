@@ -87,7 +87,8 @@ def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_di
     result = evaluate(pretrained, task, hp, seeds, device, cache_dir, random_init=False, progress=progress)
     known = pretrained.provenance
     row = {"step": candidate.step, "samples": known.get("samples"), "elapsed_s": known.get("elapsed_s"),
-           "task": task.name, "family": task.family, "metric": task.metric, "median": result["median"],
+           "task": task.name, "family": task.family, "task_type": result["task_type"], "metric": task.metric,
+           "median": result["median"],
            "min": result["min"], "max": result["max"], "seeds": len(seeds), "source": candidate.kind,
            "seconds": result["seconds"]}
     if "linear_probe" in result:  # classification's probe on frozen features

@@ -45,11 +45,17 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
-TASK_TYPES = {"classification": "text-classification", "qa": "question-answering", "tagging": "token-classification"}
+# the Hugging Face task of results written before they said it themselves ("task_type")
+EARLIER_TASK_TYPES = {"qa": "question-answering", "tagging": "token-classification"}
+
+
+def task_type(result: dict) -> str:
+    return result.get("task_type") or EARLIER_TASK_TYPES.get(result.get("family"), "text-classification")
 
 
 def _final_row(result: dict, checkpoint: str) -> dict:
-    row = {"task": result["task"], "family": result.get("family", "classification"), "metric": result["metric"],
+    row = {"task": result["task"], "family": result.get("family", "classification"), "task_type": task_type(result),
+           "metric": result["metric"],
            "median": result["median"], "min": result["min"], "max": result["max"],
            "seeds": len(result.get("per_seed", [])), "checkpoint": checkpoint,
            "random_init": (result.get("random_init") or {}).get("median")}
@@ -61,7 +67,8 @@ def _final_row(result: dict, checkpoint: str) -> dict:
 def downstream_rows(run_dir: Path) -> list[dict]:
     """The fine-tuning results on record: the watcher's rows, bert-ablate's --downstream result
     and recipes/evaluate.sh's (RUN/downstream/*.json)."""
-    rows = [{"task": r["task"], "family": r.get("family", "classification"), "metric": r["metric"],
+    rows = [{"task": r["task"], "family": r.get("family", "classification"), "task_type": task_type(r),
+             "metric": r["metric"],
              "median": r["median"], "min": r["min"], "max": r["max"],
              "seeds": r.get("seeds"), "checkpoint": f"step {r['step']} ({r.get('source', '')})"}
             for r in _read_rows(run_dir / "downstream.jsonl") if "median" in r]
@@ -112,10 +119,9 @@ def card_text(run_dir: Path) -> str:
         results.append(EvalResult(task_type="fill-mask", dataset_type="held-out", dataset_name=f"{data_dir.name} validation split",
                                   metric_type="accuracy", metric_name="masked-LM accuracy", metric_value=round(acc, 4)))
     for row in downstream:
-        task_type = TASK_TYPES.get(row.get("family"), "text-classification")
         metrics = [(row["metric"], row["median"])] + ([("exact_match", row["exact_match"])] if "exact_match" in row else [])
         for metric, value in metrics:
-            results.append(EvalResult(task_type=task_type, dataset_type=row["task"], dataset_name=row["task"],
+            results.append(EvalResult(task_type=row["task_type"], dataset_type=row["task"], dataset_name=row["task"],
                                       metric_type=metric, metric_name=f"{metric} (median of {row['seeds']} seeds)",
                                       metric_value=round(value, 4)))
     data = ModelCardData(language="en", library_name="transformers", pipeline_tag="fill-mask",
