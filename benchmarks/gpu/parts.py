@@ -435,7 +435,7 @@ def part_fused_lamb(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> Non
     step1 = abs(runs["deepspeed"][0]["loss"] - runs["project"][0]["loss"])
     recorder.check("FusedLamb step-1 loss", round(step1, 6), 1e-4, step1 <= 1e-4)
     # not a check: FusedLamb is another formulation, whose early steps are smaller by
-    # sqrt(1 - b2^t)/(1 - b1^t) (optim/build.py); benchmarks/lamb_formulations.py rebuilds it on CPU
+    # sqrt(1 - b2^t)/(1 - b1^t) (optim/lamb.py: implementation); benchmarks/lamb_formulations.py rebuilds it on CPU
     recorder.data["late_loss_gap"] = round(late_median(runs["deepspeed"]) - late_median(runs["project"]), 5)
     recorder.save()
     try:

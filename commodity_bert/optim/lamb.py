@@ -1,5 +1,5 @@
 """LAMB, the project's own: a config's "Lamb" on every device (DeepSpeed's FusedLamb, CUDA-only,
-is another formulation; optim/build.py says how it differs)."""
+is another formulation; `implementation` below says how it differs)."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +13,7 @@ class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2019) as the paper and NVIDIA's apex FusedLAMB compute it: Adam moments with
     bias correction, update u = m̂/(√v̂ + ε) + wd·p, per-tensor trust ratio ‖p‖/‖u‖ clipped to
     [min_coeff, max_coeff] (1 when either norm is 0), p ← p − lr·ratio·u. (DeepSpeed's FusedLamb
-    takes the ratio before the bias correction: see optim/build.py.)
+    takes the ratio before the bias correction: see `implementation` below.)
 
     Written here because DeepSpeed's LAMB is FusedLamb, a CUDA kernel of another formulation:
     this one runs wherever torch runs (CPU, any GPU) with `torch._foreach_*` ops, one launch per
