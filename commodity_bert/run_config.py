@@ -181,7 +181,8 @@ class RunConfig:
         does not know), less the optimizer block where the project builds the optimizer, with
         node-local checkpoints where the run directory is not shared (every node keeps a whole
         checkpoint of its own)."""
-        config = {k: v for k, v in self.given.items() if k != PROJECT_BLOCK and not (without_optimizer and k == "optimizer")}
+        config = copy.deepcopy({k: v for k, v in self.given.items()  # DeepSpeed's own changes stay its own
+                                if k != PROJECT_BLOCK and not (without_optimizer and k == "optimizer")})
         if node_local_checkpoints:
             config["checkpoint"] = {**config.get("checkpoint", {}), "use_node_local_storage": True}
         return config
