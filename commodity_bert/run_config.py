@@ -25,6 +25,11 @@ from pathlib import Path
 PROJECT_BLOCK = "commodity_bert"
 
 
+def one_spelling(name: str) -> str:
+    """A name in one spelling: lower case, without "_" ("OneBitLamb", "onebit_lamb": "onebitlamb")."""
+    return str(name).lower().replace("_", "")
+
+
 class ConfigError(ValueError):
     """A config that cannot be read; the message is the one line to print."""
 
@@ -117,7 +122,7 @@ class RunConfig:
     @property
     def optimizer_name(self) -> str:
         """The optimizer's type in one spelling: lower case, without "_" ("OneBitLamb": "onebitlamb")."""
-        return self.optimizer_type.lower().replace("_", "")
+        return one_spelling(self.optimizer_type)
 
     @property
     def has_scheduler(self) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from commodity_bert.run_config import RunConfig
+from commodity_bert.run_config import RunConfig, one_spelling
 
 
 def no_check(params: dict) -> None:
@@ -45,9 +45,7 @@ class OptimizerEntry:
 OPTIMIZERS: dict[str, OptimizerEntry] = {}
 
 
-def key(name: str) -> str:
-    """One spelling of a name: lower case, without "_"."""
-    return str(name).lower().replace("_", "")
+key = one_spelling
 
 
 def register_optimizer(entry: OptimizerEntry) -> OptimizerEntry:
