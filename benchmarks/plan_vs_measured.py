@@ -55,7 +55,8 @@ def predict(profile: dict, variant: str, args, hosts: int) -> dict:
     compute = e.compute_from_profile(profile)
     net = e.network_from_profile(profile, None, None, None)
     work = e.workload(variant, config, args.model, profile["ranks"][0]["seq_len"], compute, 30522, args.steps,
-                      args.freeze_step, world_hint=hosts, onebit=variant == "onebit_lamb", log_every=args.log_every)
+                      args.freeze_step, world_hint=hosts, log_every=args.log_every,
+                      optimizer=OPTIMIZER_OF[variant])
     optimizer = OPTIMIZER_OF[variant]
     stage = "compressed" if optimizer == "onebit_lamb" else "full"  # the measured steps are after the freeze
     est = step_estimate(work, optimizer, stage, hosts, 1, net)

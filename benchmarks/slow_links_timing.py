@@ -83,7 +83,7 @@ def predict(profile: dict, variant: str, config: dict, args, steps: int, windows
     compute = e.compute_from_profile(profile)
     net = e.network_from_profile(profile, None, None, None)
     work = e.workload(variant, config, args.model, profile["ranks"][0]["seq_len"], compute, 30522, steps, FREEZE,
-                      world_hint=args.hosts, onebit=optimizer == "onebit_lamb", log_every=VARIANTS[variant][2],
+                      world_hint=args.hosts, log_every=VARIANTS[variant][2],
                       optimizer=optimizer)
     per_step, cache = step_estimates(work, optimizer, args.hosts, 1, net)
     window_s = [statistics.fmean(per_step[t - 1].step_s for t in range(prev + 1, s + 1)) for prev, s in windows]

@@ -36,6 +36,7 @@ def work(**overrides) -> Workload:
 
 
 TEN_GBIT = Network(link_bytes_per_s=1.25e9, latency_s=0.0)
+ZERO_ONE_12_4_4_4 = dict(var_freeze_step=12, var_update_scaler=4, local_step_scaler=4, local_step_clipper=4)
 
 
 def test_rates_and_volumes_by_hand():
@@ -82,7 +83,7 @@ def test_step_estimates_by_hand():
 
 def test_zero_one_adam_and_diloco_steps_by_hand():
     latency = Network(link_bytes_per_s=1.25e9, latency_s=0.01)
-    w = work(compress_s=0.05, wrapped=True, zero_one_schedule=(12, 4, 4, 4), inner_steps=10)
+    w = work(compress_s=0.05, wrapped=True, schedule=ZERO_ONE_12_4_4_4, inner_steps=10)
     onebit_s = 1.5 * 1e8 * 0.140625 / 1.25e9 + 4 * 3 * 0.01  # 4 collectives of 3 hops each
     flag_s = 1.5 * 1 / 1.25e9 + 6 * 0.01  # the bf16/fp16 wrapper's overflow flag: a ring's 6 hops
     onebit = step_estimate(w, "zero_one_adam", "onebit", 4, 1, latency)
@@ -92,16 +93,16 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
     assert (local.compute_s, local.comm_s, local.rounds, local.bytes_per_rank) == (pytest.approx(2.1), 0.0, 0, 0.0)
     sync = step_estimate(w, "zero_one_adam", "sync", 4, 1, latency)
     assert (sync.compute_s, sync.comm_s, sync.rounds) == (pytest.approx(2.15), pytest.approx(onebit_s), 4)
-    fp16_sync = step_estimate(work(compress_s=0.05, wrapped=True, loss_scaled=True, zero_one_schedule=(12, 4, 4, 4)),
+    fp16_sync = step_estimate(work(compress_s=0.05, wrapped=True, loss_scaled=True, schedule=ZERO_ONE_12_4_4_4),
                               "zero_one_adam", "sync", 4, 1, latency)  # and the ranks agree on the loss scale
     assert (fp16_sync.comm_s, fp16_sync.rounds) == (pytest.approx(onebit_s + 1.5 * 16 / 1.25e9 + 6 * 0.01), 5)
-    fp32_local = step_estimate(work(zero_one_schedule=(12, 4, 4, 4)), "zero_one_adam", "local", 4, 1, latency)
+    fp32_local = step_estimate(work(schedule=ZERO_ONE_12_4_4_4), "zero_one_adam", "local", 4, 1, latency)
     assert (fp32_local.comm_s, fp32_local.rounds, fp32_local.bytes_per_rank) == (0.0, 0, 0.0)
     full = step_estimate(w, "zero_one_adam", "full", 4, 1, latency)
     assert full.comm_s == pytest.approx(0.24 + 6 * 0.01) and full.rounds == 1
 
     # 28 steps of test_zero_one_adam's schedule: 8 variance steps, 4 1-bit, 8 syncs, 8 local
-    phase = phase_estimate(work(steps=28, zero_one_schedule=(12, 4, 4, 4)), "zero_one_adam", 4, 1, latency)
+    phase = phase_estimate(work(steps=28, schedule=ZERO_ONE_12_4_4_4), "zero_one_adam", 4, 1, latency)
     assert {k: v["steps"] for k, v in phase["stages"].items()} == {"full": 8, "onebit": 4, "sync": 8, "local": 8}
 
     inner = step_estimate(w, "diloco", "inner", 4, 1, latency)  # no_sync: not even the flag
@@ -175,7 +176,7 @@ def test_compressed_exchanges_in_two_levels_by_hand():
 
 
 def test_phase_and_recipe_totals_by_hand():
-    w = work(freeze_step=4)
+    w = work(schedule={"freeze_step": 4})
     phase = phase_estimate(w, "onebit_lamb", 4, 1, TEN_GBIT)
     full, compressed = 2.1 + 0.24, 2.1 + 1.5 * 1e8 * 0.140625 / 1.25e9
     assert phase["stages"]["full"]["steps"] == 4 and phase["stages"]["compressed"]["steps"] == 6

@@ -123,7 +123,7 @@ def test_an_optimizer_is_one_name_in_configs_and_in_bert_plan():
 # ---- a toy optimizer: plain SGD, registered here and nowhere else
 TOY = '''
 import sys, torch
-from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
+from commodity_bert.optim.registry import OptimizerEntry, PlannedStep, StepPlan, register_optimizer
 
 def check(params):
     if params.get("momentum", 0) < 0:
@@ -131,7 +131,12 @@ def check(params):
 
 register_optimizer(OptimizerEntry("ToySgd", frozenset({"lr", "momentum", "weight_decay"}),
                                   build=lambda groups, params, config: torch.optim.SGD(groups, **params),
-                                  check_params=check))
+                                  check_params=check,
+                                  # bert-plan's model of it: a made-up schedule, every other step local
+                                  plan=StepPlan("toy_sgd", kinds={"full": PlannedStep(),
+                                                                  "local": PlannedStep(gradient_allreduce=False)},
+                                                sequence=lambda steps, schedule: ["full" if t % 2 else "local"
+                                                                                  for t in range(1, steps + 1)])))
 '''
 
 
@@ -140,6 +145,10 @@ def toy_run(tmp_path: Path, data: Path, params: dict) -> subprocess.CompletedPro
     config["optimizer"] = {"type": "toy_sgd", "params": params}  # any spelling of the registered name
     (tmp_path / "toy.json").write_text(json.dumps(config))
     script = TOY + f'''
+from commodity_bert.plan.cli import main as plan_main
+assert plan_main(["estimate", "--gpu-tflops", "100", "--link", "1gbit", "--config", {str(tmp_path / "toy.json")!r},
+                  "--model", "tiny", "--steps", "10", "--optimizer", "ToySgd,lamb", "--nodes", "2",
+                  "--json", {str(tmp_path / "plan.json")!r}]) == 0
 sys.path.insert(0, {str(REPO / "benchmarks")!r})
 from bench_common import single_rank_environment
 single_rank_environment()
@@ -158,6 +167,9 @@ def test_a_toy_optimizer_registered_here_trains_two_steps_through_train_main(tmp
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] != rows[0]["loss"]
     recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert "optimizer" not in recorded["deepspeed_config_effective"]  # built here, not by DeepSpeed
+    toy, lamb = json.loads((tmp_path / "plan.json").read_text())  # bert-plan priced its registration
+    assert toy["optimizer"] == "toy_sgd" and lamb["comm_s"] > 0 and toy["comm_s"] == pytest.approx(lamb["comm_s"] / 2)
+    assert {k: v["steps"] for k, v in toy["phases"][0]["stages"].items()} == {"full": 5, "local": 5}
     refused = toy_run(tmp_path, train_data, {"lr": 0.05, "momentum": -1})  # its own check, before any step
     assert refused.returncode == 2 and "train.py: error: ToySgd momentum -1: give 0 or more" in refused.stderr, \
         refused.stderr[-2000:]

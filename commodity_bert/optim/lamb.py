@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from commodity_bert.optim.precision import is_priming_step
-from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
+from commodity_bert.optim.registry import OptimizerEntry, StepPlan, register_optimizer
 from commodity_bert.run_config import RunConfig, register_section
 
 
@@ -95,4 +95,4 @@ def implementation(config: RunConfig) -> str:
 register_optimizer(OptimizerEntry(
     "Lamb", frozenset({"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}),
     build=lambda groups, params, config: None if implementation(config) == "deepspeed" else Lamb(groups, **params),
-    whole_tensors=True, plan_name="lamb"))
+    whole_tensors=True, plan=StepPlan("lamb", recipe="lamb")))

@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
-from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
+from commodity_bert.optim.registry import OptimizerEntry, PlannedStep, StepPlan, register_optimizer
+from commodity_bert.run_config import RunConfig
 
 
 def check_params(params: dict) -> None:
@@ -274,10 +275,42 @@ def embeddings_apart(groups: list[dict], model) -> list[dict]:
             *groups[1:]]
 
 
+def planned_freeze(phase: str, config: RunConfig, steps: int, override: int | None, notes: list[str]) -> dict:
+    """The freeze step bert-plan counts: --freeze-step, the config's, or the auto rule's latest."""
+    if override is not None:
+        return {"freeze_step": override}
+    params = config.optimizer_params
+    freeze = params.get("freeze_step")
+    if freeze == "auto":
+        latest = int(params.get("freeze_max_step", steps))
+        notes.append(f"1-bit LAMB: the config freezes by the auto rule; counted at its latest step, {latest} "
+                     f"(--freeze-step to assume another)")
+        return {"freeze_step": latest}
+    if isinstance(freeze, int):
+        return {"freeze_step": freeze}
+    guess = round(0.2 * steps)
+    notes.append(f"1-bit LAMB: no freeze step in the config; assumed at 20% of the steps ({guess})")
+    return {"freeze_step": guess}
+
+
+def warmup_then_compressed(steps: int, schedule: dict) -> list[tuple[str, int]]:
+    warm = min(schedule["freeze_step"], steps)
+    return [("full", warm), ("compressed", steps - warm)]
+
+
+STEP_PLAN = StepPlan(
+    "onebit_lamb", recipe="onebit_lamb", schedule=planned_freeze,
+    # after the freeze no gradient allreduce: the momenta's 1-bit exchange in its own flatten
+    kinds={"full": PlannedStep(),
+           "compressed": PlannedStep(gradient_allreduce=False, onebit_exchange=True, overflow_flag=True)},
+    sequence=lambda steps, schedule: ["full" if t <= schedule["freeze_step"] else "compressed"
+                                      for t in range(1, steps + 1)],
+    by_arithmetic=warmup_then_compressed)  # phases run to 10⁵ steps
+
 # DeepSpeed's OneBitLamb parameter names
 register_optimizer(OptimizerEntry(
     "OneBitLamb", frozenset({"lr", "betas", "eps", "weight_decay", "max_coeff", "min_coeff", "freeze_step",
                              "coeff_beta", "factor_max", "factor_min", "factor_threshold", "scale_block",
                              "freeze_window", "freeze_threshold", "freeze_min_step", "freeze_max_step"}),
     build=lambda groups, params, config: OneBitLamb(groups, **params), check_params=check_params,
-    compresses=True, plan_name="onebit_lamb", regroup=embeddings_apart))
+    compresses=True, plan=STEP_PLAN, regroup=embeddings_apart))

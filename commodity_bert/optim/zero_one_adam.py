@@ -36,13 +36,18 @@ error feedback instead of restarting them. Like DeepSpeed's, it has no bias corr
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 
 import torch
 
 from commodity_bert.collectives.onebit_allreduce import CompressedAllreduce, compressed_allreduce
 from commodity_bert.optim.precision import is_priming_step
-from commodity_bert.optim.registry import OptimizerEntry, register_optimizer
+from commodity_bert.optim.registry import OptimizerEntry, PlannedStep, StepPlan, register_optimizer
+from commodity_bert.run_config import RunConfig
+
+
+SCHEDULE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")
 
 
 def fresh_schedule() -> dict:
@@ -90,7 +95,7 @@ def variance_updates(var_freeze_step: int, var_update_scaler: int) -> int:
 
 def check_params(params: dict) -> None:
     """The config's "params" for ZeroOneAdam (also checked before launch: train/launch_checks.py)."""
-    for name in ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
+    for name in SCHEDULE_KEYS:
         value = params.get(name, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"ZeroOneAdam {name} {value!r}: give a positive integer")
@@ -327,9 +332,35 @@ class ZeroOneAdam(torch.optim.Optimizer):
             self._ensure_compressor().load_state_dict(state["compressor"])
 
 
+def planned_schedule(phase: str, config: RunConfig, steps: int, freeze_override: int | None,
+                     notes: list[str]) -> dict:
+    """The four schedule numbers bert-plan counts: the config's, ZeroOneAdam's defaults where it
+    has none; --freeze-step sets var_freeze_step."""
+    defaults = inspect.signature(ZeroOneAdam).parameters
+    params = config.optimizer_params if config.optimizer_name == "zerooneadam" else {}
+    if not params:
+        notes.append(f"{phase}: the config's optimizer is not ZeroOneAdam; 0/1 Adam's defaults assumed "
+                     f"(var_freeze_step {defaults['var_freeze_step'].default}, local_step_clipper "
+                     f"{defaults['local_step_clipper'].default}; --freeze-step sets var_freeze_step)")
+    schedule = {k: int(params.get(k, defaults[k].default)) for k in SCHEDULE_KEYS}
+    if freeze_override is not None:
+        schedule["var_freeze_step"] = freeze_override
+    return schedule
+
+
+STEP_PLAN = StepPlan(
+    "zero_one_adam", recipe="zero_one_adam", schedule=planned_schedule,
+    # off its variance steps the engine's allreduce is off: under fp16/bf16 DeepSpeed's wrapper
+    # agrees on overflows at a 1-bit step, and at a sync the ranks agree on fp16's loss scale
+    kinds={"full": PlannedStep(),
+           "onebit": PlannedStep(gradient_allreduce=False, onebit_exchange=True, overflow_flag=True),
+           "local": PlannedStep(gradient_allreduce=False),
+           "sync": PlannedStep(gradient_allreduce=False, onebit_exchange=True, loss_scale_agreement=True)},
+    sequence=lambda steps, schedule: step_kinds(steps, *(schedule[k] for k in SCHEDULE_KEYS)))
+
 # DeepSpeed's ZeroOneAdam parameter names (bias_correction: accepted when false, as it never had any)
 register_optimizer(OptimizerEntry(
     "ZeroOneAdam", frozenset({"lr", "betas", "eps", "weight_decay", "var_freeze_step", "var_update_scaler",
                               "local_step_scaler", "local_step_clipper", "scale_block"}),
     build=lambda groups, params, config: ZeroOneAdam(groups, **params), check_params=check_params,
-    compresses=True, plan_name="zero_one_adam"))
+    compresses=True, plan=STEP_PLAN))

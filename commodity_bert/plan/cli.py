@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 from commodity_bert.cli_help import one_line_parser, show_defaults
-from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
 from commodity_bert.optim.registry import registered
-from commodity_bert.plan.step_model import OPTIMIZERS, PlanError, recipe_rows
+from commodity_bert.plan.step_model import MODES, PlanError, recipe_rows, step_models
 
 PROG = "bert-plan"
 
@@ -38,9 +37,9 @@ def step_model_of(name: str) -> str | None:
     (`OneBitLamb`, `onebit_lamb`: optim/registry.py), or a communication mode's (bucketwise,
     diloco); None for a name bert-plan has no model of."""
     entry = registered(name)
-    if entry is not None and entry.plan_name:
-        return entry.plan_name
-    return name if name in OPTIMIZERS else None
+    if entry is not None and entry.plan:
+        return entry.plan.name
+    return name if name in MODES else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid = est.add_argument_group("the grid")
     grid.add_argument("--nodes", default="1,2,4,8,16,32,64")
     grid.add_argument("--gpus-per-node", type=int, default=None, help="default: the profile's, else 8")
-    grid.add_argument("--optimizer", default="lamb,onebit_lamb,bucketwise", help=f"any of {', '.join(OPTIMIZERS)}")
+    grid.add_argument("--optimizer", default="lamb,onebit_lamb,bucketwise", help=f"any of {', '.join(step_models())}")
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
     grid.add_argument("--plot", type=Path, help="days (and USD) against GPUs, one line per optimizer")
@@ -116,7 +115,7 @@ def estimate(args) -> list[dict]:
     given = [o.strip() for o in args.optimizer.split(",") if o.strip()]
     optimizers = [step_model_of(o) for o in given]
     if None in optimizers or not optimizers:
-        raise PlanError(f"--optimizer {args.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        raise PlanError(f"--optimizer {args.optimizer!r}: choose from {', '.join(step_models())}")
     if args.profile:
         profile = e.load_profile(args.profile)
         compute = e.compute_from_profile(profile)
@@ -139,12 +138,10 @@ def estimate(args) -> list[dict]:
         if args.config:
             config = e.read_config(args.config)
             works = [e.workload("config", config, args.model, args.seq_len, compute, args.vocab_size, args.steps,
-                                args.freeze_step, gpus_per_node, optimizer == "onebit_lamb", args.log_every,
-                                optimizer)]
+                                args.freeze_step, gpus_per_node, args.log_every, optimizer)]
         else:
             works = [e.workload(phase, e.read_config(path), args.model, seq_len, compute, args.vocab_size, None,
-                                args.freeze_step, onebit=optimizer == "onebit_lamb", log_every=args.log_every,
-                                optimizer=optimizer)
+                                args.freeze_step, log_every=args.log_every, optimizer=optimizer)
                      for phase, path, seq_len in e.recipe_configs(args.model, optimizer)]
         for w in works:
             notes += [n for n in w.notes if n not in notes]

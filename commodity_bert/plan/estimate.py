@@ -2,7 +2,6 @@
 from figures given by hand, over the shipped recipe's phases or one config."""
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +13,13 @@ from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
 from commodity_bert.comm.diloco import diloco_settings
 from commodity_bert.comm.topology import hierarchy_setting
 from commodity_bert.data.masking import MASK_PROB
-from commodity_bert.optim.zero_one_adam import ZeroOneAdam
 from commodity_bert.plan.step_model import (
     GBIT,
     Network,
     PlanError,
     Workload,
     parse_rate,
+    plan_of,
 )
 from commodity_bert.run_config import RunConfig
 
@@ -101,26 +100,9 @@ def network_from_profile(profile: dict, link: str | None, latency_ms: float | No
     return net
 
 
-def freeze_step_of(config: RunConfig, steps: int, override: int | None, notes: list[str]) -> int:
-    if override is not None:
-        return override
-    params = config.optimizer_params
-    freeze = params.get("freeze_step")
-    if freeze == "auto":
-        latest = int(params.get("freeze_max_step", steps))
-        notes.append(f"1-bit LAMB: the config freezes by the auto rule; counted at its latest step, {latest} "
-                     f"(--freeze-step to assume another)")
-        return latest
-    if isinstance(freeze, int):
-        return freeze
-    guess = round(0.2 * steps)
-    notes.append(f"1-bit LAMB: no freeze step in the config; assumed at 20% of the steps ({guess})")
-    return guess
-
-
 def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, compute: Compute, vocab_size: int,
-             steps: int | None, freeze_override: int | None, world_hint: int = 1, onebit: bool = False,
-             log_every: int = 0, optimizer: str = "lamb") -> Workload:
+             steps: int | None, freeze_override: int | None, world_hint: int = 1, log_every: int = 0,
+             optimizer: str = "lamb") -> Workload:
     config = RunConfig.of(config)
     micro = int(config.micro_batch or 0)
     batch = int(config.train_batch_size or 0)
@@ -148,8 +130,9 @@ def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, comp
     buckets_mb = bucket_mb(config)
     params_block = config.optimizer_params
     extra = {}
-    if optimizer == "zero_one_adam":
-        extra["zero_one_schedule"] = zero_one_schedule_of(name, config, freeze_override, notes)
+    plan = plan_of(optimizer)
+    if plan is not None:
+        extra["schedule"] = plan.schedule(name, config, int(total), freeze_override, notes)
     if optimizer == "diloco":
         settings = diloco_settings(config)
         if settings is None:
@@ -164,33 +147,16 @@ def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, comp
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
                     compress_s=compute.compress_s_per_param * params,
                     lowbit_s=compute.lowbit_s_per_param * params,
-                    freeze_step=freeze_step_of(config, int(total), freeze_override, notes) if onebit else 0,
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=buckets_mb * 2**20,
                     log_every=log_every, wrapped=config.precision != "fp32",
                     loss_scaled=config.precision == "fp16" and not config.static_loss_scale,
                     hierarchy=hierarchy_setting(config), notes=notes, **extra)
 
 
-ZERO_ONE_KEYS = ("var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper")
-
-
-def zero_one_schedule_of(name: str, config: RunConfig, freeze_override: int | None, notes: list[str]) -> tuple:
-    """0/1 Adam's four schedule numbers from the config, ZeroOneAdam's defaults where it has none."""
-    defaults = inspect.signature(ZeroOneAdam).parameters
-    params = config.optimizer_params if config.optimizer_name == "zerooneadam" else {}
-    if not params:
-        notes.append(f"{name}: the config's optimizer is not ZeroOneAdam; 0/1 Adam's defaults assumed "
-                     f"(var_freeze_step {defaults['var_freeze_step'].default}, local_step_clipper "
-                     f"{defaults['local_step_clipper'].default}; --freeze-step sets var_freeze_step)")
-    values = [int(params.get(k, defaults[k].default)) for k in ZERO_ONE_KEYS]
-    if freeze_override is not None:
-        values[0] = freeze_override
-    return tuple(values)
-
-
 def recipe_configs(model: str, optimizer: str) -> list[tuple[str, Path, int]]:
     """(phase, config, seq len) of the shipped recipe for `optimizer`."""
-    kind = {"onebit_lamb": "onebit_lamb", "zero_one_adam": "zero_one_adam", "diloco": "diloco_lamb"}.get(optimizer, "lamb")
+    plan = plan_of(optimizer)
+    kind = plan.recipe if plan is not None and plan.recipe else {"diloco": "diloco_lamb"}.get(optimizer, "lamb")
     out = []
     for phase, seq_len in RECIPE_SEQ_LEN.items():
         path = DS_CONFIGS / f"bert_{model}_{phase}_{kind}_fp16.json"

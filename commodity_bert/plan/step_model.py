@@ -15,24 +15,26 @@ Communication, per step, over the slowest link of a ring:
     2(n−1) latency hops. Nodes hold G GPUs: the gradient is reduced within the node
     (intra-node link) and across the N nodes (the network), as NCCL's and gloo's rings do.
     bytes per gradient element: the communicated dtype (fp16/bf16: 2, fp32: 4).
-  lamb        DeepSpeed's allreduce of the gradients after backward (ZeRO 0): all exposed.
+An optimizer's steps are priced by what its registration says each kind of step sends
+(optim/registry.py: StepPlan, PlannedStep), so a new optimizer brings its own model:
+  gradient allreduce  DeepSpeed's allreduce of the gradients after backward (ZeRO 0): all exposed,
+              and its memory passes (t_sync_local). LAMB's every step; 1-bit LAMB's until its
+              freeze step; 0/1 Adam's variance ("full") steps.
+  1-bit exchange  the compressed allreduce (onebit_allreduce.py): signs, 1 bit per element, plus
+              one fp32 scale per `scale_block` elements, in an all-to-all and an all-gather,
+              2(W−1)/W · P · (1/8 + 4/scale_block) bytes per rank over all W ranks, in the
+              optimizer step (not overlapped), plus the compression stage's extra work over
+              LAMB's step (measured by preflight on a one-rank group). 1-bit LAMB's steps after
+              the freeze; 0/1 Adam's "onebit" and "sync" steps (zero_one_adam.step_kinds).
+  overflow flag  under fp16/bf16 where the engine's allreduce is off, DeepSpeed's wrapper's
+              overflow-flag allreduce: one latency-bound round (1 byte). 1-bit LAMB's compressed
+              steps and 0/1 Adam's "onebit" steps; 0/1 Adam's local steps pay none (each rank
+              skips its own overflows).
+  loss-scale agreement  under a dynamic fp16 loss scale, 0/1 Adam's syncs agree on it (16 bytes).
+The communication modes that are not optimizers are priced here:
   bucketwise  bucket-wise clipping (comm/bucketwise.py) sends fp32 buckets as backward produces
               them: all but the last bucket hide behind the rest of the last micro-batch's
               backward (2/3 of its forward + backward); exposed = max(comm − hidden, last bucket).
-  onebit_lamb until the freeze step as lamb; after it the compressed allreduce
-              (onebit_allreduce.py): signs, 1 bit per element, plus one fp32 scale per
-              `scale_block` elements, in an all-to-all and an all-gather, 2(W−1)/W · P ·
-              (1/8 + 4/scale_block) bytes per rank over all W ranks, in the optimizer step
-              (not overlapped), plus the compression stage's extra work over LAMB's step
-              (measured by preflight on a one-rank group); under fp16/bf16 also DeepSpeed's
-              wrapper's overflow-flag allreduce (the engine's allreduce is off): a 5th round.
-  zero_one_adam  0/1 Adam's steps, by its own schedule (zero_one_adam.step_kinds): "full"
-              (a variance step: as lamb), "onebit" (the 1-bit exchange of the gradient, as
-              1-bit LAMB's), "local" (no exchange) and "sync" (a local step, then the 1-bit
-              exchange). Under fp16/bf16 the "onebit" steps also pay DeepSpeed's wrapper's
-              overflow-flag allreduce, one latency-bound round (1 byte); local steps pay none
-              (each rank skips its own overflows) and, under a dynamic fp16 loss scale, a sync
-              one more for the ranks to agree on the scale (16 bytes).
   diloco      H − 1 inner steps with no communication at all, then an outer step: the pseudo-
               gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 / int4 (1 or
               0.5 byte a parameter plus a 4-byte scale per 256, in an all-to-all and an
@@ -62,10 +64,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from commodity_bert.collectives.lowbit import BLOCK as LOWBIT_BLOCK
+from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
+from commodity_bert.optim.registry import PlannedStep, StepPlan, planned
 
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 BACKWARD_SHARE = 2 / 3  # of a forward + backward: backward is twice the forward's FLOPs
-OPTIMIZERS = ("lamb", "onebit_lamb", "bucketwise", "zero_one_adam", "diloco")
+MODES = ("bucketwise", "diloco")  # communication modes priced here, beside the optimizers' own plans
 
 
 class PlanError(Exception):
@@ -147,17 +151,15 @@ class Workload:
     grad_bytes: int             # bytes per gradient element in DeepSpeed's allreduce
     fb_s: float                 # forward + backward of one micro-batch, one GPU
     optimizer_s: float          # the optimizer's step, one GPU
-    compress_s: float = 0.0     # 1-bit LAMB: its compression-stage step's extra work over LAMB's step
+    compress_s: float = 0.0     # a 1-bit exchange's compression-stage work over LAMB's step
     lowbit_s: float = 0.0       # DiLoCo int4/int8: the average's quantize/pack/feedback passes, whole model
     grad_sync_local_s: float = 0.0  # the gradient allreduce's own memory passes (flatten, scale, copy back)
-    freeze_step: int = 0        # 1-bit LAMB: compressed from this step on
     scale_block: int | None = 256
     bucket_bytes: float = 25 * 2**20  # bucket-wise clipping's bucket (fp32)
     log_every: int = 0          # train.py's --log-every (0: not counted)
     wrapped: bool = False       # fp16/bf16 through DeepSpeed's wrapper (its overflow-flag round)
     loss_scaled: bool = False   # fp16 with a dynamic loss scale (0/1 Adam's syncs agree on it)
-    # 0/1 Adam: var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper
-    zero_one_schedule: tuple[int, int, int, int] = (100000, 16, 32678, 16)
+    schedule: dict = field(default_factory=dict)  # the optimizer's StepPlan.schedule: its freeze step, …
     inner_steps: int = 50       # DiLoCo's H
     outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8 | int4
     fragments: int = 1          # Streaming DiLoCo: fragments synced at staggered steps
@@ -198,33 +200,71 @@ def accumulation_steps(work: Workload, world: int) -> int:
     return max(1, math.ceil(per_gpu / work.micro_batch))
 
 
+def step_models() -> tuple[str, ...]:
+    """bert-plan --optimizer's names: the registered optimizers' plans, then the modes'."""
+    return (*planned(), *MODES)
+
+
+def plan_of(optimizer: str) -> StepPlan | None:
+    """A registered optimizer's plan, or None for a mode priced here."""
+    if optimizer in MODES:
+        return None
+    plan = planned().get(optimizer)
+    if plan is None:
+        raise PlanError(f"optimizer {optimizer!r}: choose from {', '.join(step_models())}")
+    return plan
+
+
 def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
                   net: Network) -> StepEstimate:
-    """One step of `optimizer` at `stage` (one of stage_steps' kinds: 'full' gradients,
-    'compressed' for 1-bit LAMB, 0/1 Adam's and DiLoCo's own). The metrics' gradient norm sends
-    nothing (grad_norm.py); the logged rows' own two small allreduces are left out."""
-    return _training_step(work, optimizer, stage, nodes, gpus_per_node, net)
+    """One step of `optimizer` at `stage` (one of stage_steps' kinds: an optimizer's own, or
+    DiLoCo's). The metrics' gradient norm sends nothing (grad_norm.py); the logged rows' own two
+    small allreduces are left out."""
+    plan = plan_of(optimizer)
+    if plan is None:
+        return mode_step(work, optimizer, stage, nodes, gpus_per_node, net)
+    if stage not in plan.kinds:
+        raise PlanError(f"{optimizer} has no {stage!r} steps: its kinds are {', '.join(plan.kinds)}")
+    return planned_step(work, plan.kinds[stage], nodes, gpus_per_node, net)
 
 
-def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
-                   net: Network) -> StepEstimate:
+def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: int, net: Network) -> StepEstimate:
+    """One step of a kind an optimizer registered: compute, then what it sends, in order."""
+    world = nodes * gpus_per_node
+    compute = accumulation_steps(work, world) * work.fb_s + work.optimizer_s
+    seconds = sent = 0.0
+    rounds = 0
+    if kind.gradient_allreduce:
+        compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
+        size = float(work.grad_bytes * work.params)
+        seconds, sent, rounds = net.allreduce_s(size, nodes, gpus_per_node), ring_allreduce_bytes(size, world), 1
+    agreements = ((kind.overflow_flag and work.wrapped, 1.0), (kind.loss_scale_agreement and work.loss_scaled, 16.0))
+    for size in (size for on, size in agreements if on and world > 1):
+        seconds += net.allreduce_s(size, nodes, gpus_per_node)
+        sent += ring_allreduce_bytes(size, world)
+        rounds += 1
+    if kind.onebit_exchange:
+        compute += work.compress_s
+        if world > 1:
+            levels, fp32_size = two_levels(work, nodes, gpus_per_node), 4.0 * work.params
+            size = work.params * onebit_bytes_per_element(work.scale_block)
+            seconds += net.exchange_s(size, 4, nodes, gpus_per_node, levels, fp32_size)
+            sent += compressed_bytes_per_rank(size, fp32_size, nodes, gpus_per_node, levels)
+            rounds += 4
+    return StepEstimate(compute, seconds, seconds, sent, rounds if world > 1 else 0)
+
+
+def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: int, net: Network) -> StepEstimate:
+    """A step of a communication mode that is not an optimizer: bucket-wise clipping's, DiLoCo's."""
     world = nodes * gpus_per_node
     accumulation = accumulation_steps(work, world)
     compute = accumulation * work.fb_s + work.optimizer_s
-    flag = work.wrapped and world > 1  # the fp16/bf16 wrapper agrees on overflows when the engine's allreduce is off
-    levels, fp32_size = two_levels(work, nodes, gpus_per_node), 4.0 * work.params
-    onebit_size = work.params * onebit_bytes_per_element(work.scale_block)
-    if optimizer == "onebit_lamb" and stage == "compressed":  # no gradient allreduce: its own flatten
-        exchange = net.exchange_s(onebit_size, 4, nodes, gpus_per_node, levels, fp32_size)
-        sent = compressed_bytes_per_rank(onebit_size, fp32_size, nodes, gpus_per_node, levels)
-        if flag:
-            exchange, sent = exchange + net.allreduce_s(1.0, nodes, gpus_per_node), sent + ring_allreduce_bytes(1.0, world)
-        return StepEstimate(compute + work.compress_s, exchange, exchange, sent, (4 + flag) if world > 1 else 0)
-    if optimizer == "diloco" and stage == "warmup":  # an ordinary data-parallel step
-        return _training_step(work, "lamb", "full", nodes, gpus_per_node, net)
-    if optimizer == "diloco" and stage == "inner":  # engine.no_sync(): not even the overflow flag
+    levels = two_levels(work, nodes, gpus_per_node)
+    if mode == "diloco" and stage == "warmup":  # an ordinary data-parallel step
+        return planned_step(work, PlannedStep(), nodes, gpus_per_node, net)
+    if mode == "diloco" and stage == "inner":  # engine.no_sync(): not even the overflow flag
         return StepEstimate(compute, 0.0, 0.0, 0.0, 0)
-    if optimizer == "diloco":
+    if mode == "diloco":
         # "outer": one fragment's round end (the whole model when fragments = 1), its exchange
         # overlapped with `overlap_steps` inner steps; "final": the last step, every fragment, blocking
         share = 1.0 if stage == "final" else 1.0 / work.fragments
@@ -241,43 +281,24 @@ def _training_step(work: Workload, optimizer: str, stage: str, nodes: int, gpus_
             seconds, sent, rounds = net.allreduce_s(size, nodes, gpus_per_node), ring_allreduce_bytes(size, world), 1
         hidden = work.overlap_steps * (accumulation * work.fb_s + work.optimizer_s) if stage == "outer" else 0.0  # inner steps
         return StepEstimate(compute, max(seconds - hidden, 0.0), seconds, sent, rounds if world > 1 else 0)
-    if optimizer == "zero_one_adam" and stage != "full":  # the engine's allreduce is off
-        agree = (flag and stage == "onebit", 1.0), (work.loss_scaled and world > 1 and stage == "sync", 16.0)
-        seconds = sum(net.allreduce_s(size, nodes, gpus_per_node) for on, size in agree if on)
-        sent = sum(ring_allreduce_bytes(size, world) for on, size in agree if on)
-        rounds = sum(on for on, _ in agree)
-        if stage in ("onebit", "sync"):
-            compute += work.compress_s
-        if stage in ("onebit", "sync") and world > 1:
-            seconds += net.exchange_s(onebit_size, 4, nodes, gpus_per_node, levels, fp32_size)
-            sent += compressed_bytes_per_rank(onebit_size, fp32_size, nodes, gpus_per_node, levels)
-            rounds += 4
-        return StepEstimate(compute, seconds, seconds, sent, rounds)
-    compute += work.grad_sync_local_s  # at every world size: DeepSpeed's path runs at 1 rank too
-    if optimizer == "bucketwise":
-        size = 4.0 * work.params  # comm/bucketwise.py communicates fp32
-        buckets = max(1, math.ceil(size / work.bucket_bytes))
-        total = sum(net.allreduce_s(min(work.bucket_bytes, size - b * work.bucket_bytes), nodes, gpus_per_node)
-                    for b in range(buckets))
-        last = net.allreduce_s(size - (buckets - 1) * work.bucket_bytes, nodes, gpus_per_node)
-        hidden_behind = BACKWARD_SHARE * work.fb_s * (buckets - 1) / buckets
-        exposed = max(total - hidden_behind, last) if world > 1 else 0.0
-        return StepEstimate(compute, exposed, total, ring_allreduce_bytes(size, world), buckets if world > 1 else 0)
-    if optimizer in ("lamb", "onebit_lamb", "zero_one_adam"):
-        size = float(work.grad_bytes * work.params)
-        seconds = net.allreduce_s(size, nodes, gpus_per_node)
-        return StepEstimate(compute, seconds, seconds, ring_allreduce_bytes(size, world), 1 if world > 1 else 0)
-    raise PlanError(f"optimizer {optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+    # bucketwise
+    compute += work.grad_sync_local_s
+    size = 4.0 * work.params  # comm/bucketwise.py communicates fp32
+    buckets = max(1, math.ceil(size / work.bucket_bytes))
+    total = sum(net.allreduce_s(min(work.bucket_bytes, size - b * work.bucket_bytes), nodes, gpus_per_node)
+                for b in range(buckets))
+    last = net.allreduce_s(size - (buckets - 1) * work.bucket_bytes, nodes, gpus_per_node)
+    hidden_behind = BACKWARD_SHARE * work.fb_s * (buckets - 1) / buckets
+    exposed = max(total - hidden_behind, last) if world > 1 else 0.0
+    return StepEstimate(compute, exposed, total, ring_allreduce_bytes(size, world), buckets if world > 1 else 0)
 
 
 def step_sequence(work: Workload, optimizer: str) -> list[str]:
     """The kind of each of the phase's steps 1 … steps, as train.py runs them (an fp16 step
     skipped for an overflow is not counted apart)."""
-    if optimizer == "onebit_lamb":
-        return ["full" if t <= work.freeze_step else "compressed" for t in range(1, work.steps + 1)]
-    if optimizer == "zero_one_adam":
-        from commodity_bert.optim.zero_one_adam import step_kinds
-        return list(step_kinds(work.steps, *work.zero_one_schedule))
+    plan = plan_of(optimizer)
+    if plan is not None:
+        return list(plan.sequence(work.steps, work.schedule))
     if optimizer == "diloco":  # a fragment's round end (comm/diloco.py), and every fragment's at the last step
         ends, warm = {p * work.inner_steps // work.fragments for p in range(work.fragments)}, work.warmup_steps
         return ["warmup" if t <= warm else "final" if t == work.steps else
@@ -299,10 +320,10 @@ def step_estimates(work: Workload, optimizer: str, nodes: int, gpus_per_node: in
 
 def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
     """How many of the phase's steps are of each kind, in order of first appearance."""
-    if optimizer in ("onebit_lamb", "diloco"):  # by arithmetic: phases run to 10⁵ steps
-        if optimizer == "onebit_lamb":
-            warm = min(work.freeze_step, work.steps)
-            return [("full", warm), ("compressed", work.steps - warm)]
+    plan = plan_of(optimizer)
+    if plan is not None:
+        return plan.counts(work.steps, work.schedule)
+    if optimizer == "diloco":  # by arithmetic: phases run to 10⁵ steps
         warm = min(work.warmup_steps, work.steps)
         if warm == work.steps:  # the run ends in its warm-up: no round, no final sync
             return [("warmup", warm)]

@@ -35,7 +35,8 @@ VOCAB = 8192
 def mode_of(config: dict) -> str:
     if "diloco" in config.get("commodity_bert", {}):
         return "diloco"
-    return registered(config["optimizer"]["type"]).plan_name or "lamb"
+    plan = registered(config["optimizer"]["type"]).plan
+    return plan.name if plan else "lamb"
 
 
 def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latency_ms: float,
@@ -48,7 +49,7 @@ def seconds_per_step(profile: dict, config: dict, hosts: int, steps: int, latenc
     net = e.network_from_profile(profile, None, None, None)
     net.latency_s += latency_ms / 1000
     work = e.workload(mode, config, "mini", 128, compute, VOCAB, steps, None, world_hint=hosts,
-                      onebit=mode == "onebit_lamb", log_every=0, optimizer=mode)
+                      log_every=0, optimizer=mode)
     per_step, _ = step_estimates(work, mode, hosts, 1, net)
     return [est.step_s for est in per_step]
 
