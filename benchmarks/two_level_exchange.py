@@ -53,7 +53,8 @@ def planned(variant: str, params: int, rate: float, levels: bool) -> dict:
     _, _, steps, _, first = VARIANTS[variant]
     work = Workload(name=variant, params=params, global_batch=HOSTS * SLOTS * 2, micro_batch=2, steps=steps,
                     grad_bytes=4, fb_s=0.0, optimizer_s=0.0, scale_block=256 if optimizer == "onebit_lamb" else 32,
-                    freeze_step=FREEZE, zero_one_schedule=(FREEZE, 2, 2, 5), inner_steps=10,
+                    schedule=dict(freeze_step=FREEZE, var_freeze_step=FREEZE, var_update_scaler=2,  # each reads its own
+                                  local_step_scaler=2, local_step_clipper=5), inner_steps=10,
                     outer_compression="int8", hierarchy="auto" if levels else False)
     net = Network(link_bytes_per_s=rate, latency_s=0.0, intra_bytes_per_s=rate * 1000)  # shared memory
     per_step, _ = step_estimates(work, optimizer, HOSTS, SLOTS, net)
