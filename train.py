@@ -35,7 +35,7 @@ from commodity_bert.comm.deepspeed_shm import clear_stale_build_locks, release_d
 from commodity_bert.comm.topology import Topology
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.dataset import ShardSet
-from commodity_bert.host import atomic_write_text, device_name
+from commodity_bert.host import atomic_write_text, device_name, speaker
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -177,11 +177,7 @@ def parameters_identical_across_ranks(module, device) -> bool:
     return all(torch.equal(every[0], d) for d in every)
 
 
-def say(*lines: str) -> None:
-    """Lines for the user, once (rank 0)."""
-    if dist.get_rank() == 0:
-        for line in lines:
-            print(line, flush=True)
+say = speaker(rank_zero=True)  # lines for the user, once
 
 
 def stop_for_error(bookkeeping: Bookkeeping, step: int):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from commodity_bert.host import speaker
+
 REPO = Path(__file__).resolve().parents[2]
 CARRY = REPO / "gpu_carry"  # ignored by git; the device tool's `carry` takes it
 LIMIT_MIB = 64  # the working tree plus the carry, as the device tool sends them
@@ -51,9 +53,7 @@ def normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def say(*lines: str) -> None:
-    for line in lines:
-        print(f"session: {line}", flush=True)
+say = speaker("session")
 
 
 def prepare(carry: Path, corpus: Path | None = None) -> dict:

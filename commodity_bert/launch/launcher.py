@@ -59,6 +59,8 @@ from pathlib import Path
 
 import psutil
 
+from commodity_bert.host import speaker
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 DEFAULT_STOP_GRACE_S = 300.0  # a step, a checkpoint and the export of BERT-large, with room to spare
 KILL_AFTER_S = 60.0           # after the SIGTERM escalation, SIGKILL what is left
@@ -81,8 +83,7 @@ class UsageError(Exception):
     pass
 
 
-def say(message: str) -> None:
-    print(f"bert-launch: {message}", file=sys.stderr, flush=True)
+say = speaker("bert-launch", "stderr")
 
 
 # ---- arguments

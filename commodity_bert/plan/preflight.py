@@ -35,15 +35,14 @@ import torch
 import torch.distributed as dist
 
 from commodity_bert.data.masking import MASK_PROB
-from commodity_bert.host import cpu_model
+from commodity_bert.host import cpu_model, speaker
 from commodity_bert.run_config import RunConfig
 
 SLOW_LINK_RATIO = 0.5   # a direction below this share of the fastest one is reported
 SIOCGIFADDR = 0x8915
 
 
-def say(message: str) -> None:
-    print(f"bert-plan preflight: {message}", flush=True)
+say = speaker("bert-plan preflight")
 
 
 # ---------------------------------------------------------------- where a rank is
