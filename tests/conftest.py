@@ -48,6 +48,21 @@ def pytest_xdist_make_scheduler(config, log):
     return ByGroup(config, log)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With SUITE_TIMELINE=FILE, a line per test: its worker, its start and end (epoch s), its id:
+    which worker holds the suite's last minutes, and behind which tests (docs/suite.md)."""
+    import time
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if os.environ.get("SUITE_TIMELINE"):
+            with open(os.environ["SUITE_TIMELINE"], "a") as out:
+                out.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{start:.1f}\t{time.time():.1f}\t"
+                          f"{item.nodeid}\n")
+
+
 # The shared runs (reference_runs, mode_run) train the first time a test asks for them, inside that
 # test's time: 4 to 11 minutes where bf16 is emulated (an AMD EPYC without AVX-512), against the
 # 600 s that pyproject.toml gives a test. Their launches have timeouts of their own.
