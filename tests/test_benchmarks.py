@@ -77,30 +77,15 @@ def test_trainer_comparison_scores_both_sides_on_one_clock(tmp_path, sotu_small)
     assert result["project_reached_at_s"] == (first_reaching["elapsed_s"] if first_reaching else None)
 
 
-def test_trainer_side_alone_stops_at_its_step_budget_and_keeps_a_loadable_model(tmp_path, sotu_small):
-    out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "hf_trainer", "--model", "tiny",
-                           "--input", sotu_small, "--micro-batch", "8", "--hf-steps", "7", "--hf-schedule", "linear",
-                           "--hf-warmup-ratio", "0.3", "--hf-beta2", "0.98", "--minutes", "5", "--eval-every-s", "600",
-                           "--work", str(tmp_path / "work"), "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert "project" not in result and [r["step"] for r in result["hf_trainer"]] == [7]  # the budget, not the clock
-    final = tmp_path / "work" / "snapshots" / "hf_trainer_final"
-    assert json.loads((final / "pretraining.json").read_text())["step"] == 7
-    from transformers import BertForMaskedLM
-    assert BertForMaskedLM.from_pretrained(final).config.hidden_size == 128
-
-
-def test_equal_tokens_gives_both_sides_one_recipe_over_the_same_steps(tmp_path, sotu_small):
+def test_equal_tokens_gives_both_sides_one_recipe_and_the_trainer_stops_at_its_step_budget(tmp_path, sotu_small):
     """--sequences N: train.py takes N / micro-batch steps with ds_configs/cpu_mini_adamw_bf16.json's
     AdamW, its schedule spanning exactly those steps, and the Trainer side is set to the same
-    rate, beta2, epsilon, steps and linear schedule (its step budget: the test above)."""
+    rate, beta2, epsilon, steps and linear schedule; it stops at that step budget, not the clock,
+    and keeps a model that loads."""
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--sides", "project", "--model", "tiny",
-                           "--input", sotu_small, "--sequences", "64", "--micro-batch", "8", "--project-eval-every", "8",
-                           "--work", str(tmp_path / "work"), "--json", str(out)],
+    proc = subprocess.run([sys.executable, "benchmarks/vs_hf_trainer.py", "--model", "tiny", "--input", sotu_small,
+                           "--sequences", "64", "--micro-batch", "8", "--project-eval-every", "8",
+                           "--eval-every-s", "600", "--work", str(tmp_path / "work"), "--json", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -113,6 +98,11 @@ def test_equal_tokens_gives_both_sides_one_recipe_over_the_same_steps(tmp_path, 
     params = recipe["optimizer"]["params"]
     assert (args["hf_lr"], args["hf_beta2"], args["hf_eps"], args["hf_steps"], args["hf_schedule"]) == (
         params["lr"], params["betas"][1], params["eps"], 8, "linear")
+    assert [r["step"] for r in result["hf_trainer"]] == [8]  # the budget; its clock would allow more evaluations
+    final = tmp_path / "work" / "snapshots" / "hf_trainer_final"
+    assert json.loads((final / "pretraining.json").read_text())["step"] == 8
+    from transformers import BertForMaskedLM
+    assert BertForMaskedLM.from_pretrained(final).config.hidden_size == 128
 
 
 def test_a_decaying_trainer_schedule_without_a_step_budget_is_refused_in_one_line(tmp_path):

@@ -44,39 +44,38 @@ def test_a_shard_that_differs_from_its_manifest_stops_every_rank(tmp_path, train
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_resuming_onto_other_data_is_refused_unless_asked_for(tmp_path, train_data):
+def test_relaunches_continue_the_time_budget_and_refuse_other_data_unless_asked_for(tmp_path, train_data):
+    """One run directory through four launches, as a preempted run meets them: a relaunch onto
+    other data is refused (nothing changed) unless asked for; the time budget and the elapsed time
+    continue across relaunches."""
     run = tmp_path / "run"
-    train(1, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 2)
+    common = [*COMMON, "--output-dir", run, "--log-every", 1]
+    train(1, *common, "--data", train_data, "--max-steps", 3)
+    first = json.loads((run / "summary.json").read_text())
     before = checkpoint_files(run)
     other = tmp_path / "other"
     shutil.copytree(train_data, other)
     manifest = json.loads((other / "manifest.json").read_text())
     manifest["args"]["seed"] = 1234  # what a re-made dataset would differ in
     (other / "manifest.json").write_text(json.dumps(manifest))
-    proc = train(1, *COMMON, "--data", other, "--output-dir", run, "--max-steps", 4, check=False)
+    proc = train(1, *common, "--data", other, "--max-steps", 4, check=False)
     assert proc.returncode != 0
     [line] = error_lines(proc)
     assert "was trained on other data" in line and "--allow-data-change" in line
-    assert checkpoint_files(run) == before and [r["step"] for r in rows(run)] == [2]
-    proc = train(1, *COMMON, "--data", other, "--output-dir", run, "--max-steps", 3, "--allow-data-change")
-    assert "starting at its first batch" in proc.stdout
-    assert [r["step"] for r in rows(run)] == [2, 3]
-
-
-def test_time_budget_and_elapsed_time_continue_across_relaunches(tmp_path, train_data):
-    run = tmp_path / "run"
-    common = [*COMMON, "--data", train_data, "--output-dir", run, "--log-every", 1]
-    train(1, *common, "--max-steps", 3)
-    first = json.loads((run / "summary.json").read_text())
+    assert checkpoint_files(run) == before and [r["step"] for r in rows(run)] == [1, 2, 3]
     # a budget the first launch has all but used: the relaunch stops within a few steps, where a
-    # budget per launch (as before) would give it the whole budget again, 30 steps and more here
-    proc = train(1, *common, "--max-steps", 1000, "--time-budget", f"{first['wall_s'] + 0.05:.2f}")
+    # budget per launch would give it the whole budget again, 30 steps and more here
+    proc = train(1, *common, "--data", train_data, "--max-steps", 1000,
+                 "--time-budget", f"{first['wall_s'] + 0.05:.2f}")
     stopped = int(proc.stdout.split("stopping at step ")[1].split(":")[0])
     assert "time budget" in proc.stdout and 4 <= stopped <= 12, proc.stdout[-2000:]
     history = rows(run)
     assert [r["step"] for r in history] == list(range(1, stopped + 1))
     assert history[3]["elapsed_s"] > history[2]["elapsed_s"]  # continued, not started again from 0
     assert (run / "checkpoints" / "latest").read_text() == f"step_{stopped:08d}"  # saved where it stopped
+    proc = train(1, *common, "--data", other, "--max-steps", stopped + 1, "--allow-data-change")
+    assert "starting at its first batch" in proc.stdout
+    assert [r["step"] for r in rows(run)] == list(range(1, stopped + 2))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")

@@ -80,22 +80,50 @@ def launches(tmp_path) -> dict:
     }
 
 
-def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path, train_data):
-    """Each bad launch of the table above, launched as a user does on 2 ranks (two launches at a time:
-    each stops before the engine, so most of its time is the ranks' imports)."""
+# through DeepSpeed's launcher on 2 ranks, as a user's: a problem of the environment, and one that
+# rank 0 alone finds (its monitors), which the other rank must exit on too; the rest of the table
+# runs train.py's checks in this process (the same code says the line; no launch to pay for)
+LAUNCHED = ("wandb_missing", "tensorboard_path")
+
+
+def checked_in_process(args: list, capsys) -> tuple[int, str]:
+    """train.check_inputs on a process group of one rank in this process: (exit status, stderr)."""
+    import torch
+    import torch.distributed as dist
+
+    import train
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            train.check_inputs(train.parse_args([str(a) for a in args]), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    return exit_.value.code, capsys.readouterr().err
+
+
+def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path, train_data, capsys):
+    """Each bad launch of the table above ends in one line, status 2, before any step."""
     cases = launches(tmp_path)
-    with ThreadPoolExecutor(2) as pool:
-        done = dict(zip(cases, pool.map(
-            lambda item: launch([*item[1][0], *TINY, "--data", train_data, "--output-dir", tmp_path / item[0],
-                                 *([] if "--max-steps" in item[1][0] else ["--max-steps", 5])], item[1][1]),
-            cases.items())))
-    for name, proc in done.items():
-        phrase = cases[name][2]
+
+    def args_of(name):
+        given = cases[name][0]
+        return [*given, *TINY, "--data", train_data, "--output-dir", tmp_path / name,
+                *([] if "--max-steps" in given else ["--max-steps", 5])]
+
+    with ThreadPoolExecutor(2) as pool:  # two launches at a time: each stops before the engine
+        launched = dict(zip(LAUNCHED, pool.map(lambda name: launch(args_of(name), cases[name][1]), LAUNCHED)))
+    for name, proc in launched.items():
         lines = [line for line in proc.stderr.splitlines() if "train.py: error:" in line]
-        assert len(lines) == 1 and phrase in lines[0], (name, proc.stderr[-3000:])
+        assert len(lines) == 1 and cases[name][2] in lines[0], (name, proc.stderr[-3000:])
         assert "Traceback" not in proc.stderr + proc.stdout and "lost a peer" not in proc.stderr, name
         # both ranks left with the same status: DeepSpeed's launcher reports the first it saw
         assert proc.returncode == 2, (name, proc.returncode)
+    for name in cases.keys() - set(LAUNCHED):
+        assert cases[name][1] is None, name  # an environment of its own needs a launch
+        status, err = checked_in_process(args_of(name), capsys)
+        lines = [line for line in err.splitlines() if "train.py: error:" in line]
+        assert status == 2 and len(lines) == 1 and cases[name][2] in lines[0], (name, err[-3000:])
+    for name in cases:
         assert not (tmp_path / name / "metrics.jsonl").exists(), name
 
 
