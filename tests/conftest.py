@@ -1,4 +1,5 @@
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
@@ -238,6 +239,25 @@ def launch_cmd(ranks: int, *args) -> list[str]:
     world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", "train.py", *map(str, args)]
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo process group of one rank in this process: train.py's checks called where their
+    launch is not the subject (a launch is two ranks' imports, ~12 CPU-s)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def refused_in_process(check, capsys) -> tuple[int, str]:
+    """check() under one_rank_group, which must end in train.py's fail(): (status, stderr)."""
+    with one_rank_group(), pytest.raises(SystemExit) as exit_:
+        check()
+    return exit_.value.code, capsys.readouterr().err
 
 
 def train(ranks, *args, check=True, timeout=600):

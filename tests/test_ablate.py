@@ -107,7 +107,7 @@ def test_a_failing_variant_is_recorded_and_the_others_finish(tmp_path, train_dat
     each score in both reports and in the card's model-index with its own task type."""
     out = tmp_path / "ABL"
     proc = subprocess.run([*BERT_ABLATE, "--base", str(TINY), "--vary", "optimizer.type=Nonesuch,Lamb",
-                           "--data", str(train_data), "--model", "tiny", "--ranks", "2", "--samples", "128",
+                           "--data", str(train_data), "--model", "tiny", "--ranks", "1", "--samples", "128",
                            "--train-args", "--num-workers 1", "--out", str(out), "--downstream", "embedded:party",
                            "embedded:entities", "--downstream-args", ("--seeds 1 --lr 1e-3 --epochs 1 --min-steps 0 --max-seq-len 32 "
                                                  "--batch-size 64 --threads 1")],

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import COMMON, DEEPSPEED, REPO, free_port, rows, train
+from conftest import COMMON, DEEPSPEED, REPO, free_port, refused_in_process, rows, train
 
 
 def error_lines(proc) -> list[str]:
@@ -19,12 +19,15 @@ def checkpoint_files(run) -> dict[str, int]:
     return {str(p.relative_to(run)): p.stat().st_size for p in sorted((run / "checkpoints").rglob("*")) if p.is_file()}
 
 
-def test_export_only_without_a_checkpoint_is_refused(tmp_path, train_data):
+def test_export_only_without_a_checkpoint_is_refused(tmp_path, train_data, capsys):
+    """Where train.py decides what to resume (the launch's one-line exit: test_launch_errors.py)."""
+    import train as train_module
     run = tmp_path / "run"
-    proc = train(1, *COMMON, "--data", train_data, "--output-dir", run, "--export-only", check=False)
-    assert proc.returncode != 0
-    [line] = error_lines(proc)
-    assert "--export-only: no checkpoint in" in line and "Traceback" not in proc.stderr
+    args = train_module.parse_args([*map(str, COMMON), "--data", str(train_data), "--output-dir", str(run),
+                                    "--export-only"])
+    status, err = refused_in_process(lambda: train_module.checkpoint_place(args, run), capsys)
+    [line] = [line for line in err.splitlines() if "train.py: error:" in line]
+    assert status == 2 and "--export-only: no checkpoint in" in line
     assert not (run / "hf_model").exists()
 
 

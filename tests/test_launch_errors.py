@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CPU_CONFIG, REPO, launch_cmd
+from conftest import CPU_CONFIG, REPO, launch_cmd, refused_in_process
 
 from commodity_bert.train.launch_checks import (
     LaunchError,
@@ -86,23 +86,11 @@ def launches(tmp_path) -> dict:
 LAUNCHED = ("wandb_missing", "tensorboard_path")
 
 
-def checked_in_process(args: list, capsys) -> tuple[int, str]:
-    """train.check_inputs on a process group of one rank in this process: (exit status, stderr)."""
-    import torch
-    import torch.distributed as dist
-
-    import train
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        with pytest.raises(SystemExit) as exit_:
-            train.check_inputs(train.parse_args([str(a) for a in args]), torch.device("cpu"))
-    finally:
-        dist.destroy_process_group()
-    return exit_.value.code, capsys.readouterr().err
-
-
 def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path, train_data, capsys):
     """Each bad launch of the table above ends in one line, status 2, before any step."""
+    import torch
+
+    import train as train_module
     cases = launches(tmp_path)
 
     def args_of(name):
@@ -120,7 +108,8 @@ def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path
         assert proc.returncode == 2, (name, proc.returncode)
     for name in cases.keys() - set(LAUNCHED):
         assert cases[name][1] is None, name  # an environment of its own needs a launch
-        status, err = checked_in_process(args_of(name), capsys)
+        args = train_module.parse_args([str(a) for a in args_of(name)])
+        status, err = refused_in_process(lambda: train_module.check_inputs(args, torch.device("cpu")), capsys)
         lines = [line for line in err.splitlines() if "train.py: error:" in line]
         assert status == 2 and len(lines) == 1 and cases[name][2] in lines[0], (name, err[-3000:])
     for name in cases:

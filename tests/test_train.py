@@ -17,6 +17,8 @@ from conftest import (
     free_port,
     launch_cmd,
     load_manifest,
+    one_rank_group,
+    refused_in_process,
     relaunched,
     rows,
     run_cli,
@@ -120,10 +122,12 @@ def test_resume_equals_uninterrupted(tmp_path, data, run30):
     assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20, 25, 30]
 
 
-def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, run30):
+def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, run30, capsys):
     """run30's newest checkpoint (step 30) truncated, as a killed copy or a failing disk leaves it:
     --resume of it is refused in one line that names the file and its sizes (--resume auto's
-    fallback to the newest intact one is the chaos run's, below)."""
+    fallback to the newest intact one is the chaos run's, below), where train.py decides what to
+    resume, in this process (the launch's one-line exit: test_launch_errors.py)."""
+    import train as train_module
     import shutil
     checkpoints = run30 / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step_00000020", "step_00000030"]
@@ -135,10 +139,11 @@ def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, r
     size = model.stat().st_size
     with open(model, "r+b") as fh:
         fh.truncate(size // 2)
-    args = [*COMMON, "--data", data, "--eval-every", 15, "--save-every", 10, "--keep-checkpoints", 2, "--max-steps", 30]
-    refused = train(2, *args, "--output-dir", tmp_path / "other", "--resume", run / "checkpoints", check=False)
-    [line] = [line for line in refused.stderr.splitlines() if "train.py: error:" in line]
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    args = train_module.parse_args([*map(str, COMMON), "--data", str(data), "--max-steps", "30",
+                                    "--output-dir", str(tmp_path / "other"), "--resume", str(run / "checkpoints")])
+    status, err = refused_in_process(lambda: train_module.checkpoint_place(args, tmp_path / "other"), capsys)
+    [line] = [line for line in err.splitlines() if "train.py: error:" in line]
+    assert status == 2
     assert line.startswith(f"train.py: error: --resume {run / 'checkpoints'}: checkpoint "
                            f"{run / 'checkpoints' / 'step_00000030'} is damaged (")
     assert f"mp_rank_00_model_states.pt has {size // 2:,} bytes, {size:,} when written" in line
@@ -189,15 +194,19 @@ def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
     assert rows(run)[0]["loss"] < fresh - 0.1
 
 
-def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_changes_nothing(tmp_path, data, run30):
+def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_changes_nothing(tmp_path, run30, capsys):
+    """Where train.py picks --init-from's checkpoint, in this process (a run started from one:
+    test_training_paths.py)."""
+    import train as train_module
     source = tmp_path / "source"
     shutil.copytree(run30 / "checkpoints", source)
     model = source / "step_00000030" / "mp_rank_00_model_states.pt"
     raw = bytearray(model.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     model.write_bytes(bytes(raw))
-    out = train(1, *COMMON, "--data", data, "--output-dir", tmp_path / "run", "--max-steps", 1,
-                "--init-from", source).stdout
+    with one_rank_group():
+        assert train_module.intact_weights_to_start_from(source) == "step_00000020"
+    out = capsys.readouterr().out
     assert (f"--init-from: checkpoint {source / 'step_00000030'} is damaged (mp_rank_00_model_states.pt is not the "
             f"file written (its SHA-256 differs)): using step_00000020, the newest intact one") in out
     assert (source / "latest").read_text() == "step_00000030" and not list(source.glob("*.skipped"))
