@@ -95,4 +95,4 @@ def implementation(config: RunConfig) -> str:
 register_optimizer(OptimizerEntry(
     "Lamb", frozenset({"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff"}),
     build=lambda groups, params, config: None if implementation(config) == "deepspeed" else Lamb(groups, **params),
-    whole_tensors=True, plan=StepPlan("lamb", recipe="lamb")))
+    whole_tensors=True, plan=StepPlan("lamb")))

@@ -299,12 +299,11 @@ def warmup_then_compressed(steps: int, schedule: dict) -> list[tuple[str, int]]:
 
 
 STEP_PLAN = StepPlan(
-    "onebit_lamb", recipe="onebit_lamb", schedule=planned_freeze,
+    "onebit_lamb", schedule=planned_freeze,
     # after the freeze no gradient allreduce: the momenta's 1-bit exchange in its own flatten
     kinds={"full": PlannedStep(),
            "compressed": PlannedStep(gradient_allreduce=False, onebit_exchange=True, overflow_flag=True)},
-    sequence=lambda steps, schedule: ["full" if t <= schedule["freeze_step"] else "compressed"
-                                      for t in range(1, steps + 1)],
+    sequence=lambda steps, schedule: [kind for kind, n in warmup_then_compressed(steps, schedule) for _ in range(n)],
     by_arithmetic=warmup_then_compressed)  # phases run to 10⁵ steps
 
 # DeepSpeed's OneBitLamb parameter names

@@ -54,7 +54,6 @@ class StepPlan:
     # schedule's numbers that `sequence` reads
     schedule: Callable[[str, RunConfig, int, int | None, list[str]], dict] = no_schedule
     sequence: Callable[[int, dict], Iterable[str]] = every_step_full  # (steps, schedule) -> each step's kind
-    recipe: str = ""                    # the shipped recipe's configs: bert_{model}_{phase}_{recipe}_fp16.json
     # (steps, schedule) -> [(kind, steps of it)] by arithmetic, where counting `sequence` is not wanted
     by_arithmetic: Callable[[int, dict], list[tuple[str, int]]] | None = None
 

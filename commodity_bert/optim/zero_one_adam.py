@@ -349,7 +349,7 @@ def planned_schedule(phase: str, config: RunConfig, steps: int, freeze_override:
 
 
 STEP_PLAN = StepPlan(
-    "zero_one_adam", recipe="zero_one_adam", schedule=planned_schedule,
+    "zero_one_adam", schedule=planned_schedule,
     # off its variance steps the engine's allreduce is off: under fp16/bf16 DeepSpeed's wrapper
     # agrees on overflows at a 1-bit step, and at a sync the ranks agree on fp16's loss scale
     kinds={"full": PlannedStep(),

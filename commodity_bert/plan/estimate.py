@@ -155,8 +155,7 @@ def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, comp
 
 def recipe_configs(model: str, optimizer: str) -> list[tuple[str, Path, int]]:
     """(phase, config, seq len) of the shipped recipe for `optimizer`."""
-    plan = plan_of(optimizer)
-    kind = plan.recipe if plan is not None and plan.recipe else {"diloco": "diloco_lamb"}.get(optimizer, "lamb")
+    kind = {"diloco": "diloco_lamb", "bucketwise": "lamb"}.get(optimizer, optimizer)  # an optimizer's: its name
     out = []
     for phase, seq_len in RECIPE_SEQ_LEN.items():
         path = DS_CONFIGS / f"bert_{model}_{phase}_{kind}_fp16.json"
