@@ -8,8 +8,7 @@ import pytest
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import spawn_ranks
 from test_comm import _join_gloo
 from torch.distributed import distributed_c10d as c10d
 
@@ -244,7 +243,7 @@ def expected_received(me) -> dict[str, int]:
     }
 
 
-def _worker(rank, port, results):
+def _worker(rank, world, port, results):
     _join_gloo(rank, WORLD, port)
     sub = dist.new_group(list(SUB))
     before = {(module, name): getattr(module, name) for module in (dist, c10d) for name in WRAPPED}
@@ -271,9 +270,7 @@ def _worker(rank, port, results):
 @pytest.fixture(scope="module")
 def results():
     """Every case on 3 ranks, once for the module's tests."""
-    results = mp.Manager().dict()
-    mp.spawn(_worker, args=(free_port(), results), nprocs=WORLD)
-    return dict(results)
+    return spawn_ranks(_worker, WORLD)
 
 
 def test_every_collective_counts_what_its_rank_sends_and_receives(results):

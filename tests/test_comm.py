@@ -4,8 +4,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import spawn_ranks
 
 from commodity_bert.collectives.onebit_allreduce import (
     CompressedAllreduce,
@@ -28,7 +27,7 @@ def _join_gloo(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, results):
+def _compressed_allreduce_worker(rank, world, port, results, numel, steps, scale_block):
     _join_gloo(rank, world, port)
     torch.manual_seed(rank)
     compressor = CompressedAllreduce(numel, "cpu", scale_block=scale_block)
@@ -68,9 +67,7 @@ def _compressed_allreduce_worker(rank, world, port, numel, steps, scale_block, r
 @pytest.mark.parametrize(("world", "scale_block"), [(2, None), (3, None), (2, 256), (3, 64)])
 def test_error_feedback_makes_the_running_average_exact(world, scale_block):
     numel, steps = 10_001, 300  # not a multiple of 8·world nor of the block: padding is exercised
-    results = mp.Manager().dict()
-    mp.spawn(_compressed_allreduce_worker, args=(world, free_port(), numel, steps, scale_block, results),
-             nprocs=world)
+    results = spawn_ranks(_compressed_allreduce_worker, world, numel, steps, scale_block)
     for rank in range(world):
         errors, compressed, plain, small_error = results[rank]
         if scale_block is None:  # one scale per chunk: the small half is quantized to the big half's size
@@ -125,8 +122,7 @@ def _bucketwise_worker(rank, world, port, results):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_bucketwise_clipping_before_allreduce(world):
-    results = mp.Manager().dict()
-    mp.spawn(_bucketwise_worker, args=(world, free_port(), results), nprocs=world)
+    results = spawn_ranks(_bucketwise_worker, world)
     for rank in range(world):
         buckets, matches, norm, launched = results[rank]
         assert buckets >= 3
@@ -135,7 +131,7 @@ def test_bucketwise_clipping_before_allreduce(world):
         assert launched         # every bucket's allreduce started during backward
 
 
-def _freeze_worker(rank, world, port, freeze_step, results):
+def _freeze_worker(rank, world, port, results, freeze_step):
     from commodity_bert.optim.onebit_lamb import OneBitLamb
     _join_gloo(rank, world, port)
     torch.manual_seed(0)  # the same weights and gradients on every rank: the average is the gradient
@@ -162,8 +158,7 @@ def test_frozen_coefficient_is_the_mean_trust_ratio_of_warmup(freeze_step):
     """After the freeze, steps keep the size that warmup's trust ratios gave them: the frozen
     coefficient is their mean, whatever the freeze step (a running mean started at 1 made the
     first compressed steps ~35x too large after a freeze at step 10)."""
-    results = mp.Manager().dict()
-    mp.spawn(_freeze_worker, args=(2, free_port(), freeze_step, results), nprocs=2)
+    results = spawn_ranks(_freeze_worker, 2, freeze_step)
     assert results[0] == results[1]
     moved = results[0]
     last_warmup = moved[freeze_step - 1]
@@ -227,8 +222,7 @@ def test_auto_freeze_waits_for_the_variance_to_settle():
     """"freeze_step": "auto" freezes at the first window whose relative change of the
     bias-corrected variance is below the threshold: not while the gradients' scale is still
     moving, on every rank at the same step, alike after a resume, and at the cap at the latest."""
-    results = mp.Manager().dict()
-    mp.spawn(_auto_freeze_worker, args=(2, free_port(), results), nprocs=2)
+    results = spawn_ranks(_auto_freeze_worker, 2)
     assert results[0] == results[1]
     out = results[0]
     history = [(step, change) for step, change in out["history"] if change is not None]
@@ -280,8 +274,7 @@ def test_a_signal_on_one_rank_stops_every_rank_one_step_later():
     """The stop decision's allreduce runs behind the next step instead of blocking every step: a
     signal seen at step 6 by rank 1 alone stops (and saves) every rank after step 7; --save-every
     needs no agreement and saves at step 4 everywhere."""
-    results = mp.Manager().dict()
-    mp.spawn(_decision_worker, args=(2, free_port(), results), nprocs=2)
+    results = spawn_ranks(_decision_worker, 2)
     expected = [(step, step == 4, None) for step in range(1, 7)] + [(7, True, "signal")]
     assert results[0] == results[1] == expected
 
