@@ -1,9 +1,10 @@
 """The project's own checkpoint files load without running code from them (weights_only); their
 digests name what is wrong with a file, and ranks on nodes without a shared directory step back
-to the same intact checkpoint."""
+to the same intact checkpoint, or all refuse where a node lacks the newest."""
 import json
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -89,6 +90,24 @@ def _resume_on_two_nodes(rank, world, port, results, root):
         results[rank] = str(exc)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def test_a_node_without_the_newest_checkpoint_stops_every_rank_naming_it(tmp_path):
+    """Node 1 lost step 4 (its disk was replaced, a copy failed): no rank may go on, from step 4 or
+    from a step of its own; both say so in the same line. (The launches around it, on nodes that
+    share no run directory: test_checkpoints_on_a_cluster.py.)"""
+    from conftest import spawn_ranks
+    for rank in (0, 1):
+        for step in (2, 4):
+            fake_checkpoint(tmp_path / f"node{rank}", step, [rank])
+    shutil.rmtree(tmp_path / "node1" / "step_00000004")
+    results = spawn_ranks(_resume_on_two_nodes, 2, tmp_path)
+    for rank in (0, 1):  # each names its own directory
+        assert results[rank].startswith(f"ranks disagree on the checkpoint to resume in {tmp_path / f'node{rank}'}: "
+                                        "step_00000004 is the newest, but rank 1 on "), results[rank]
+        assert "has no checkpoint" in results[rank] or "has step_00000002" in results[rank]
+        assert "rank 0" not in results[rank] and "--resume none" in results[rank]
+    assert (tmp_path / "node0" / "step_00000004").is_dir()  # nothing renamed aside
 
 
 def test_nodes_without_a_shared_directory_step_back_to_the_same_intact_checkpoint(tmp_path):

@@ -3,8 +3,8 @@ pretrain_phases.sh on slurmctld plus one slurmd per network-namespace host (tool
 Debian's slurm-wlm, proctrack/linuxproc, no cgroup constraints). Every job is 2 nodes of one
 CPU rank each. Skips, saying why, where Slurm cannot start (not root, slurm-wlm not installed).
 
-The runs of the three jobs (preempted, out of time, a node lost) are trained once each and
-compared with each other: all are the same 2-rank run, stopped at different steps."""
+The runs of the two jobs (preempted; out of time, then a node lost) are trained once each and
+compared with each other: both are the same 2-rank run, stopped at different steps."""
 import json
 import re
 import subprocess
@@ -131,40 +131,61 @@ def test_phase_2_waits_for_phase_1_through_its_requeue_and_starts_from_its_weigh
 
 @pytest.fixture(scope="module")
 def out_of_time(slurm, train_data, tmp_path_factory, preempted):
-    """A job with a 1-minute limit and USR1 20 s before it (Slurm sends it up to 30 s earlier here):
-    run 1 stops at the signal; the test cancels the job once its requeued run has trained 5 steps more."""
+    """One job through two interruptions. A 1-minute limit and USR1 20 s before it (Slurm sends it
+    up to 30 s earlier here): run 1 stops at the signal and requeues the job. Its requeued run
+    trains 5 steps more, past a checkpoint of its own (--save-every 5); then node2 dies (slurmd and
+    the job's processes killed), Slurm requeues the job, and it resumes once the node is back."""
     out = tmp_path_factory.mktemp("time_limit")
     run = out / "run"
     job = slurm.sbatch("-N", "2", "--time", "1", "--signal", "USR1@20", "--output", str(out / "job-%j.out"), str(SBATCH),
-                       env=job_env(slurm, train_data, run, 1000), cwd=REPO)
-    stopped = wait_for(lambda: stopped_at(log_of(out, job)), 150, "the time limit's signal", lambda: log_of(out, job))
-    wait_for(lambda: "requeueing job" in log_of(out, job), 60, "the requeue", lambda: log_of(out, job))
+                       env=job_env(slurm, train_data, run, 1000, "--save-every", 5), cwd=REPO)
+
+    def log() -> str:
+        return log_of(out, job)
+
+    stopped = wait_for(lambda: stopped_at(log()), 150, "the time limit's signal", log)[0]
+    wait_for(lambda: "requeueing job" in log(), 60, "the requeue", log)
     slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")  # run 2 is not to be stopped again
-    wait_for(lambda: max([r["step"] for r in rows(run)], default=0) >= stopped[0] + 5, 150, "the requeued run",
-             lambda: log_of(out, job))
-    fields = slurm.job(job)
+    wait_for(lambda: max([r["step"] for r in rows(run)], default=0) >= stopped + 5, 150, "the requeued run", log)
+    timed_out = {"fields": slurm.job(job), "log": log(), "rows": rows(run)}
+
+    latest = run / "checkpoints" / "latest"
+    wait_for(lambda: latest.read_text() > f"step_{stopped:08d}", 60, "the requeued run's checkpoint", log)
+    killed = slurm.hosts.kill_host_processes(1, "")                   # node2: slurmd, the job's processes, all
+    died = time.monotonic()
+    lost = wait_for(lambda: [line for line in log().splitlines() if "lost a peer" in line], 60,
+                    "node1's rank to notice", log)
+    noticed_s = time.monotonic() - died
+    saved = int(latest.read_text().removeprefix("step_"))
+    fields = slurm.wait(job, {"PENDING"}, timeout=120)               # Slurm: node2 down, the job requeued (--requeue)
+    node_lost = {"killed": killed, "noticed_s": noticed_s, "lost": lost, "saved": saved, "fields": fields,
+                 "log": log(), "node2": slurm.node_state("node2")}
+    slurm.start_slurmd(1)                                            # the node is back: the job runs again
+    wait_for(lambda: len(resumed_at(log(), run)) == 2, 180, "the job requeued after the node failure", log)
     slurm.run("scancel", job)
     slurm.wait(job, {"CANCELLED", "COMPLETED"}, timeout=60)
-    return {"run": run, "job": job, "fields": fields, "log": log_of(out, job), "stopped": stopped[0]}
+    return {"run": run, "job": job, "stopped": stopped, "timed_out": timed_out, "node_lost": node_lost,
+            "resumed": resumed_at(log(), run)}
 
 
 def test_a_job_out_of_time_checkpoints_exits_0_and_its_requeued_run_goes_on(out_of_time):
-    log, run, step = out_of_time["log"], out_of_time["run"], out_of_time["stopped"]
+    timed_out, run, step = out_of_time["timed_out"], out_of_time["run"], out_of_time["stopped"]
+    log = timed_out["log"]
     assert f"stopped at step {step} (signal), before the end: requeueing job {out_of_time['job']}" in log, log[-3000:]
     assert "DUE TO TIME LIMIT" not in log                            # stopped by the signal, not killed at the limit
     # the nodes have 1 CPU each: the job says its rank and loader share it, and what to ask for
     assert "warning: 1 CPU(s) a node for 1 rank(s) and their 1 loader processes each: they share cores; " \
            "submit with --cpus-per-task 2 or more" in log
-    assert out_of_time["fields"]["Restarts"] == "1"
+    assert timed_out["fields"]["Restarts"] == "1"
     assert resumed_at(log, run) == [step]
-    steps = [r["step"] for r in rows(run)]
+    steps = [r["step"] for r in timed_out["rows"]]
     assert steps == list(range(1, len(steps) + 1))
 
 
 def test_the_interrupted_runs_train_the_same_steps_as_each_other(preempted, out_of_time):
     """The two jobs are the same run (config, seed, data, 2 ranks) stopped at different steps: where
     one trained on after its checkpoint the other had not stopped, so their rows must agree."""
-    a, b = rows(preempted["run1"]), rows(out_of_time["run"])
+    a, b = rows(preempted["run1"]), out_of_time["timed_out"]["rows"]
     stops = {stopped_at(preempted["logs"][0])[0], out_of_time["stopped"]}
     assert len(stops) == 2 or pytest.skip("both jobs stopped at the same step: nothing to compare across")
     common = [(x, y) for x, y in zip(a, b) if x["step"] == y["step"]]
@@ -174,33 +195,17 @@ def test_the_interrupted_runs_train_the_same_steps_as_each_other(preempted, out_
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5)
 
 
-def test_a_node_that_dies_ends_the_run_in_one_line_and_the_job_comes_back_when_it_does(slurm, train_data, tmp_path,
-                                                                                       out_of_time):
-    run = tmp_path / "run"
-    job = slurm.sbatch("-N", "2", "--output", str(tmp_path / "job-%j.out"), str(SBATCH),
-                       env=job_env(slurm, train_data, run, 1000, "--save-every", 5), cwd=REPO)
-    latest = run / "checkpoints" / "latest"
-    wait_for(lambda: latest.exists() and latest.read_text() >= "step_00000005", 240, "training",
-             lambda: log_of(tmp_path, job))
-    killed = slurm.hosts.kill_host_processes(1, "")                   # node2: slurmd, the job's processes, all
-    assert killed
-    died = time.monotonic()
-    lost = wait_for(lambda: [line for line in log_of(tmp_path, job).splitlines() if "lost a peer" in line], 60,
-                    "node1's rank to notice", lambda: log_of(tmp_path, job))
-    noticed_s = time.monotonic() - died
-    saved = int(latest.read_text().removeprefix("step_"))
-    fields = slurm.wait(job, {"PENDING"}, timeout=120)               # Slurm: node2 down, the job requeued (--requeue)
-    log = log_of(tmp_path, job)
-    assert noticed_s < 30
-    assert len(lost) == 1 and lost[0].startswith("train.py: error: rank 0 on node1 lost a peer (")
-    assert "resume" in lost[0] and "Traceback" not in log               # one line, not a traceback
+def test_a_node_that_dies_ends_the_run_in_one_line_and_the_job_comes_back_when_it_does(slurm, out_of_time):
+    """The job of out_of_time, after its requeue: node2 dies mid-run."""
+    lost = out_of_time["node_lost"]
+    log = lost["log"]
+    assert lost["killed"]
+    assert lost["noticed_s"] < 30
+    assert len(lost["lost"]) == 1 and lost["lost"][0].startswith("train.py: error: rank 0 on node1 lost a peer (")
+    assert "resume" in lost["lost"][0] and "Traceback" not in log    # one line, not a traceback
     assert "Node failure on node2" in log or "NODE FAILURE" in log
-    assert fields["Restarts"] == "1" and slurm.node_state("node2").startswith("DOWN")
-
-    slurm.start_slurmd(1)                                            # the node is back: the job runs again
-    wait_for(lambda: resumed_at(log_of(tmp_path, job), run), 180, "the requeued job", lambda: log_of(tmp_path, job))
-    slurm.run("scancel", job)
-    assert resumed_at(log_of(tmp_path, job), run) == [saved]
+    assert lost["fields"]["Restarts"] == "2" and lost["node2"].startswith("DOWN")
+    assert out_of_time["resumed"] == [out_of_time["stopped"], lost["saved"]]  # back with the node, from its checkpoint
 
 
 def test_bert_ablate_submits_its_runs_as_a_job_array_and_the_report_after_them(slurm, train_data, tmp_path,
