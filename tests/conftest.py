@@ -236,13 +236,20 @@ def launch_cmd(ranks: int, *args) -> list[str]:
     """train.py on `ranks` ranks of this host under DeepSpeed's per-node launcher
     (deepspeed.launcher.launch), started as DeepSpeed's runner starts it on one host: the runner's
     local path only encodes the world and runs this command (runner.py, `if not
-    multi_node_exec`). Leaving out the runner's own interpreter saves ~3 s of each of the suite's
-    ~80 launches; the runner is tested where it is the subject: bert-launch (test_launcher.py),
-    hostfile launches (test_multihost.py, test_checkpoints_on_a_cluster.py, test_plan.py) and
-    the quickstart that CI runs before the tests."""
-    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "train.py", *map(str, args)]
+    multi_node_exec`). Leaving out the runner's own interpreter saves ~2 CPU-s of each launch;
+    the runner is tested where it is the subject: bert-launch (test_launcher.py), hostfile
+    launches (test_multihost.py, test_plan.py), Slurm, and the quickstart that CI runs first."""
+    return node_launch_cmd({"localhost": list(range(ranks))}, 0, "127.0.0.1", free_port(), *args)
+
+
+def node_launch_cmd(world: dict[str, list[int]], node_rank: int, master_addr: str, master_port: int,
+                    *args) -> list[str]:
+    """DeepSpeed's per-node launcher for node `node_rank` of `world` ({host: its slots}), as the
+    runner starts it with --no_ssh on each node (runner.py, `if args.no_ssh`)."""
+    encoded = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={encoded}",
+            f"--master_addr={master_addr}", f"--master_port={master_port}", f"--node_rank={node_rank}", "train.py",
+            *map(str, args)]
 
 
 @contextlib.contextmanager

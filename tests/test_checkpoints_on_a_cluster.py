@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import COMMON, DEEPSPEED, REPO, free_port, refused_in_process, rows, train
+from conftest import COMMON, REPO, free_port, node_launch_cmd, refused_in_process, rows, train
 
 
 def error_lines(proc) -> list[str]:
@@ -151,12 +151,10 @@ def test_a_checkpoint_that_does_not_read_back_is_blamed_on_the_disk(tmp_path):
 
 
 def launch_nodes(tmp_path, data, runs, *args) -> list[subprocess.CompletedProcess]:
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
-    port = free_port()
-    procs = [subprocess.Popen([DEEPSPEED, "--hostfile", hostfile, "--no_ssh", "--node_rank", str(n),
-                               "--master_addr", "127.0.0.1", "--master_port", str(port), "train.py", *map(str, COMMON),
-                               "--data", str(data), "--output-dir", str(runs[n]), *map(str, args)],
+    """Two nodes of one rank each, each started on its own as `deepspeed --no_ssh` starts it."""
+    world, port = {"node-a": [0], "node-b": [0]}, free_port()
+    procs = [subprocess.Popen(node_launch_cmd(world, n, "127.0.0.1", port, *COMMON, "--data", data, "--output-dir",
+                                              runs[n], *args),
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in range(2)]
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]

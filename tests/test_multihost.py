@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, free_port, node_launch_cmd
 
 sys.path.insert(0, str(REPO))
 
@@ -165,7 +165,8 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     exchanges (its freeze comes after this run's 8 steps), and bucket-wise clipping and 1-bit LAMB's
     compressed stage, whose logged gradient norm once sent a whole fp32 allreduce at every step
     logged (hidden from bytes_sent; every step is logged here). Each node is
-    launched on its own (--no_ssh), so no launcher traffic crosses the link; node1's counter is read
+    launched on its own (DeepSpeed's per-node launcher, as `deepspeed --no_ssh` starts it: that
+    runner is the subject of test_no_ssh_per_node_launches), so no launcher traffic crosses the link; node1's counter is read
     as each metrics row appears, when the step's collectives are done and the next step's are still a
     forward and backward away."""
     run, steps = tmp_path / "run", 8
@@ -179,8 +180,8 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "1"]
     tx = tx_reader(cluster, 0)
-    nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(cluster.hostfile), "--no_ssh", "--node_rank", str(i),
-                               "--master_addr", cluster.addresses[0], "--master_port", "29616", "train.py", *args],
+    world = {host: [0] for host in cluster.hosts}
+    nodes = [cluster.popen(i, node_launch_cmd(world, i, cluster.addresses[0], 29616, *args),
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     peer = tx_reader(cluster, 1)
@@ -232,14 +233,12 @@ def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, conf
         ds_config["optimizer"]["params"]["freeze_step"] = 2
     ds_config["train_micro_batch_size_per_gpu"] //= 2  # 4 ranks: the same batch as 2
     (tmp_path / config).write_text(json.dumps(ds_config))
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{host} slots=2\n" for host in cluster.hosts))
     args = ["--deepspeed_config", str(tmp_path / config), "--data", str(data), "--model", "tiny",
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "2"]
     readers = [tx_reader(cluster, 0), tx_reader(cluster, 1)]
-    nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(i),
-                               "--master_addr", cluster.addresses[0], "--master_port", "29617", "train.py", *args],
+    world = {host: [0, 1] for host in cluster.hosts}  # a hostfile's slots=2
+    nodes = [cluster.popen(i, node_launch_cmd(world, i, cluster.addresses[0], 29617, *args),
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in range(2)]
     metrics, at_step = run / "metrics.jsonl", {}

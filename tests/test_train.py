@@ -107,7 +107,7 @@ def test_model_card_says_how_the_model_was_made(run30, data):
     assert recorded == json.loads((run30 / "run_config.json").read_text())
 
 
-def test_resume_equals_uninterrupted(tmp_path, data, run30):
+def test_resume_equals_uninterrupted_and_a_fresh_start_sets_the_history_aside(tmp_path, data, run30):
     """fp32 LAMB as shipped (the bf16 path of every mode: test_comm_modes.py): run30 as if killed
     after its step-20 checkpoint with its history up to step 25 and a torn line; the relaunch
     continues as run30 went on."""
@@ -115,11 +115,14 @@ def test_resume_equals_uninterrupted(tmp_path, data, run30):
     proc = train(2, *COMMON, "--data", data, "--output-dir", run, "--eval-every", 15, "--save-every", 10,
                  "--max-steps", 30)
     relaunched(proc, run30, run, 20)
-    # a fresh start in the same directory keeps the earlier history aside, not mixed in
-    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--resume", "none")
+    # a fresh start in the same directory keeps the earlier history aside, not mixed in; started
+    # from run30's weights (phase 2 from phase 1), its first steps are past run30's first
+    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--resume", "none", "--init-from", run30)
     assert [r["step"] for r in rows(run)] == [5]
     [aside] = run.glob("metrics.jsonl.*")
     assert [json.loads(line)["step"] for line in aside.read_text().splitlines()] == [5, 10, 15, 20, 25, 30]
+    fresh = rows(run30)[0]["loss"]  # first 5 steps from random weights
+    assert rows(run)[0]["loss"] < fresh - 0.1
 
 
 def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, run30, capsys):
@@ -185,13 +188,6 @@ def test_stop_signal_saves_a_checkpoint_and_exits_zero(tmp_path, data, sig):
     # relaunching the same command continues from there
     train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", step + 5)
     assert rows(run)[-1]["step"] == step + 5
-
-
-def test_phase2_starts_from_phase1_weights(tmp_path, data, run30):
-    run = tmp_path / "phase2"
-    train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 5, "--init-from", run30)
-    fresh = rows(run30)[0]["loss"]  # first 5 steps from random weights
-    assert rows(run)[0]["loss"] < fresh - 0.1
 
 
 def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_changes_nothing(tmp_path, run30, capsys):
