@@ -271,9 +271,95 @@ def refused_in_process(check, capsys) -> tuple[int, str]:
     return exit_.value.code, capsys.readouterr().err
 
 
+class ForkedRanks:
+    """train.py's main() on `ranks` processes forked from this one, each with what DeepSpeed's
+    per-node launcher gives a rank (RANK, LOCAL_RANK, WORLD_SIZE, ..., --local_rank=N) and the
+    launch's two output streams, shared by the ranks as a launch's pipes are. Why not a launch:
+    its launcher and ranks each import torch, DeepSpeed and transformers again (~13 CPU-s for 2
+    ranks), where a fork starts with this process's imports. Where the launch is the subject (one
+    line from one rank, signals, the launcher's status) a test starts it: launch_cmd."""
+
+    def __init__(self, ranks: int, *args, timeout: float = 600):
+        import tempfile
+        import time
+
+        import train as train_py  # once per worker: every fork starts with it
+        self.argv, self.deadline = [str(a) for a in args], time.monotonic() + timeout
+        self.timeout, self.status, self.failed_at = timeout, {}, None
+        self.folder = tempfile.TemporaryDirectory(prefix="ranks_")
+        self.out, self.err = Path(self.folder.name) / "stdout", Path(self.folder.name) / "stderr"
+        port = free_port()
+        self.pids = [self._fork(train_py.main, rank, ranks, port) for rank in range(ranks)]
+
+    def _fork(self, main, rank: int, world: int, port: int) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        status = 1
+        try:
+            import io
+            for fd, path in ((1, self.out), (2, self.err)):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
+            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
+            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_SIZE=str(world),
+                              CROSS_RANK="0", CROSS_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            os.chdir(REPO)
+            main([f"--local_rank={rank}", *self.argv])
+            status = 0
+        except SystemExit as exit_:
+            if isinstance(exit_.code, str):
+                sys.stderr.write(exit_.code + "\n")
+            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        except BaseException:  # noqa: BLE001 - as an uncaught exception ends a process
+            import traceback
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(status)
+
+    def poll(self) -> subprocess.CompletedProcess | None:
+        """The launch's result once every rank has ended, else None. As DeepSpeed's launcher, the
+        first rank to fail sets the status and ends the others (after 10 s to end on their own)."""
+        import signal
+        import time
+        for pid in self.pids:
+            if pid not in self.status:
+                done, raw = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.status[pid] = os.waitstatus_to_exitcode(raw)
+                    if self.status[pid] != 0 and self.failed_at is None:
+                        self.failed_at, self.first_failure = time.monotonic(), self.status[pid]
+        now = time.monotonic()
+        if len(self.status) < len(self.pids):
+            if now > self.deadline or (self.failed_at is not None and now > self.failed_at + 10):
+                for pid in set(self.pids) - set(self.status):
+                    os.kill(pid, signal.SIGKILL)
+                    self.status[pid] = -signal.SIGKILL
+                if now > self.deadline:
+                    raise subprocess.TimeoutExpired(["train.py", *self.argv], self.timeout, *self._output())
+            else:
+                return None
+        status = self.first_failure if self.failed_at is not None else 0
+        result = subprocess.CompletedProcess(["train.py", *self.argv], status, *self._output())
+        self.folder.cleanup()
+        return result
+
+    def _output(self) -> tuple[str, str]:
+        return tuple(path.read_text(errors="replace") if path.exists() else "" for path in (self.out, self.err))
+
+    def wait(self) -> subprocess.CompletedProcess:
+        import time
+        while (result := self.poll()) is None:
+            time.sleep(0.05)
+        return result
+
+
 def train(ranks, *args, check=True, timeout=600):
-    proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = ForkedRanks(ranks, *args, timeout=timeout).wait()
     return checked(proc) if check else proc
 
 
@@ -484,12 +570,20 @@ class ModeRun(NamedTuple):
 
 
 def side_by_side(launches: list[list], at_once: int = 2) -> list[subprocess.CompletedProcess]:
-    """train(2, *args) for each args in `launches`, `at_once` at a time, none checked: a launch
-    leaves a core idle while its processes import and exit (two 10-step runs: 23 s side by side,
-    30 s one after the other, on 2 cores)."""
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(at_once) as pool:
-        return list(pool.map(lambda args: train(2, *args, check=False), launches))
+    """train(2, *args) for each args in `launches`, `at_once` at a time, none checked: a run
+    leaves a core idle while its ranks set up and wait on each other."""
+    import time
+    waiting, running, results = list(enumerate(launches)), {}, {}
+    while waiting or running:
+        while waiting and len(running) < at_once:
+            index, args = waiting.pop(0)
+            running[index] = ForkedRanks(2, *args)
+        for index, ranks in list(running.items()):
+            if (result := ranks.poll()) is not None:
+                results[index] = result
+                del running[index]
+        time.sleep(0.05)
+    return [results[i] for i in range(len(launches))]
 
 
 def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, free_port, launch_cmd
 
 sys.path.insert(0, str(REPO))
 from commodity_bert.launch.launcher import parse_deepspeed_args, rank_pattern, remote_hosts
@@ -95,13 +95,21 @@ def last_step(run: Path) -> int:
     return json.loads(with_rows.splitlines()[-1])["step"] if with_rows else 0
 
 
-def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signals) -> tuple[str, int]:
-    """Launch train.py with bert-launch, send `sig` to bert-launch alone once a new step is logged."""
-    before = last_step(run)
-    launcher = start(*launcher_args, "--master_port", free_port(), "train.py", *COMMON, "--data", data,
-                     "--output-dir", run, "--max-steps", 100000)
-    wait_for(lambda: last_step(run) > before, launcher)
-    os.kill(launcher.pid, sig)
+def rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
+    """The train.py ranks under `launcher`, not their data-loader workers (children of the ranks,
+    with the same command line)."""
+    ranks = []
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.endswith("train.py") for c in cmdline) and "--local_rank" in " ".join(cmdline):
+            ranks.append(child)
+    return [r for r in ranks if not any(p.pid in {q.pid for q in ranks} for p in r.parents())]
+
+
+def stopped_and_saved(launcher: subprocess.Popen, run: Path, before: int) -> tuple[str, int]:
     output = finish(launcher)
     assert launcher.returncode == 0, output[-4000:]
     assert "stopping at step" in output
@@ -111,17 +119,38 @@ def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signal
     return output, step
 
 
-def test_stop_signal_to_bert_launch_only_saves_and_exits_zero_and_the_relaunch_continues(tmp_path, train_data):
+def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signals) -> tuple[str, int]:
+    """Launch train.py with bert-launch, send `sig` to bert-launch alone once a new step is logged."""
+    before = last_step(run)
+    launcher = start(*launcher_args, "--master_port", free_port(), "train.py", *COMMON, "--data", data,
+                     "--output-dir", run, "--max-steps", 100000)
+    wait_for(lambda: last_step(run) > before, launcher)
+    os.kill(launcher.pid, sig)
+    return stopped_and_saved(launcher, run, before)
+
+
+def test_a_stop_signal_saves_exits_zero_and_the_relaunch_continues(tmp_path, train_data):
+    """One run through three launches, each stopped by a signal once it has logged a step: to
+    bert-launch alone (SIGTERM); to bert-launch in the per-node form of the Slurm srun recipe
+    (Slurm's USR1); to the ranks themselves under DeepSpeed's own per-node launcher (SIGTERM, as a
+    scheduler sends it to every process)."""
     run = tmp_path / "run"
     _, first = stop_training(["--num_gpus", 2], run, train_data, signal.SIGTERM)
-    # relaunched in the per-node form (the Slurm srun recipe), stopped with Slurm's USR1
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     per_node = ["--hostfile", hostfile, "--no_ssh", "--node_rank", 0, "--master_addr", "127.0.0.1"]
     output, second = stop_training(per_node, run, train_data, signal.SIGUSR1)
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) and first in steps, steps  # continued from the checkpoint, not from 0
     assert second > first and f"stopping at step {second}" in output
+
+    launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps",
+                                           100000), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: last_step(run) > second and len(rank_processes(launcher)) == 2, launcher)
+    for rank in rank_processes(launcher):
+        os.kill(rank.pid, signal.SIGTERM)
+    output, third = stopped_and_saved(launcher, run, second)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and {first, second} <= set(steps), steps  # each went on from its checkpoint
+    assert steps[-1] == third and f"stopping at step {third}" in output
 
 
 # ---- stand-in ranks: how bert-launch reaches the ranks and when it gives up

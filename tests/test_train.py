@@ -1,12 +1,7 @@
 """train.py through DeepSpeed's launcher: real gloo ranks on this machine."""
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 
-import psutil
 import pytest
 from conftest import (
     COMMON,
@@ -15,7 +10,6 @@ from conftest import (
     REPO,
     crashed_after,
     free_port,
-    launch_cmd,
     load_manifest,
     one_rank_group,
     refused_in_process,
@@ -151,43 +145,6 @@ def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, r
                            f"{run / 'checkpoints' / 'step_00000030'} is damaged (")
     assert f"mp_rank_00_model_states.pt has {size // 2:,} bytes, {size:,} when written" in line
     assert model.stat().st_size == size // 2  # nothing of the user's touched
-
-
-def _rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
-    ranks = []
-    for child in psutil.Process(launcher.pid).children(recursive=True):
-        try:
-            cmdline = child.cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if any(c.endswith("train.py") for c in cmdline) and "--local_rank" in " ".join(cmdline):
-            ranks.append(child)
-    # data-loader workers are children of the ranks and share their command line
-    return [r for r in ranks if not any(p.pid in {q.pid for q in ranks} for p in r.parents())]
-
-
-# SIGTERM sent to the ranks themselves; SIGUSR1 reaches the real train.py through bert-launch in
-# test_launcher.py (the path users run), so it is not repeated here
-@pytest.mark.parametrize("sig", [signal.SIGTERM])
-def test_stop_signal_saves_a_checkpoint_and_exits_zero(tmp_path, data, sig):
-    run = tmp_path / "run"
-    launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 100000),
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while not ((run / "metrics.jsonl").exists() and len(_rank_processes(launcher)) == 2):
-        assert launcher.poll() is None and time.time() < deadline
-        time.sleep(0.2)
-    for rank in _rank_processes(launcher):
-        os.kill(rank.pid, sig)
-    output, _ = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, output[-3000:]
-    assert "stopping at step" in output
-    step = int((run / "checkpoints" / "latest").read_text().removeprefix("step_"))
-    assert 5 <= step < 100000
-    assert (run / "hf_model" / "config.json").is_file()
-    # relaunching the same command continues from there
-    train(2, *COMMON, "--data", data, "--output-dir", run, "--max-steps", step + 5)
-    assert rows(run)[-1]["step"] == step + 5
 
 
 def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_changes_nothing(tmp_path, run30, capsys):
