@@ -223,7 +223,8 @@ def train_data(tmp_path_factory, sotu_small, sotu_vocab) -> Path:
     return out
 
 
-# ---- training through DeepSpeed's launcher, and the runs several test modules compare against
+# ---- training: on forked ranks, or through DeepSpeed's launcher where the launch is the subject; and the
+# runs several test modules compare against
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 CPU_CONFIG = REPO / "ds_configs" / "cpu_tiny_lamb.json"
@@ -302,6 +303,16 @@ class ForkedRanks:
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
             sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
+            # a logger's handler keeps the stream it was made with: pytest's capture of whichever
+            # test imported its package, closed since. Here they write where a launched rank's do:
+            # DeepSpeed's logger to stdout (its LoggerFactory), the others to stderr (logging's default)
+            import logging
+            for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+                for handler in getattr(logger, "handlers", ()):
+                    # assigned, not setStream(), which flushes the closed one; a handler whose stream
+                    # is a property (logging's last resort) looks up sys.stderr itself
+                    if "stream" in vars(handler) and not isinstance(handler, logging.FileHandler):
+                        handler.stream = sys.stdout if logger.name == "DeepSpeed" else sys.stderr
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_SIZE=str(world),
                               CROSS_RANK="0", CROSS_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             os.chdir(REPO)
@@ -359,7 +370,16 @@ class ForkedRanks:
 
 
 def train(ranks, *args, check=True, timeout=600):
+    """train.py on `ranks` forked ranks (ForkedRanks), as a launch's CompletedProcess."""
     proc = ForkedRanks(ranks, *args, timeout=timeout).wait()
+    return checked(proc) if check else proc
+
+
+def launched(ranks, *args, check=True, timeout=600, env=None):
+    """train.py on `ranks` ranks under DeepSpeed's per-node launcher: where the launch is the
+    subject, or what happens when its processes exit (a forked rank ends in os._exit)."""
+    proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          check=False, env=env)
     return checked(proc) if check else proc
 
 
@@ -375,20 +395,25 @@ def window_loss(history: dict, last: int, width: int = 5) -> float:
 
 @pytest.fixture(scope="session")
 def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic_data) -> dict[str, Path]:
-    """The runs several test modules compare against, trained side by side (two launches at a
+    """The runs several test modules compare against, trained side by side (two runs at a
     time, the longest first) the first time any of them is asked for:
     - run30: 2 ranks of LAMB in fp32, 30 steps, the reference run of the training tests;
     - healthy: a tiny run that leaves the unigram plateau: the quickstart's recipe (a vocabulary
-      of 8,192 trained on the text, seq 64 without NSP, LAMB 1e-2 in fp32) for 400 steps, one
-      evaluation, at the end, where the plateau check runs. 400 and not 300 steps: the run left
-      the plateau between steps 200 and 300 (validation MLM 10.4% at 200, 14.6% at 300 and 14.7%
-      at 400 on an AMD EPYC Zen 4), and on CI's machine it had reached only 13.0% at step 300,
-      below the 1.5x-unigram line (13.1%); the extra 100 steps leave room for a later exit;
+      of 8,192 trained on the text, seq 64 without NSP, LAMB 1e-2; bf16 where the CPU has it
+      natively, else fp32, as recipes/quickstart.sh picks) for 400 steps, one evaluation, at the
+      end, where the plateau check runs. 400 and not 300 steps: the fp32 run left the plateau
+      between steps 200 and 300 (validation MLM 10.4% at 200, 14.6% at 300 and 14.7% at 400 on an
+      AMD EPYC Zen 4), and on CI's machine it had reached only 13.0% at step 300, below the
+      1.5x-unigram line (13.1%); the extra 100 steps leave room for a later exit. At 400 steps on
+      a 2-core AMD EPYC with native bf16: 15.2% in bf16 (52 s), 15.0% in fp32 (93 s), against a
+      unigram accuracy of 8.75%;
     - onebit20: 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage;
       every step logged (the bf16 run is compared step by step after the freeze);
     - zero1_fp32: AdamW under ZeRO-1 in fp32, micro-batch 16 x accumulation 2, dynamic masking,
       10 steps (ZeRO-2 in bf16 against it: test_training_paths.py);
     - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps."""
+    from commodity_bert.optim.precision import native_cpu_bf16
+    quickstart_precision = "bf16" if native_cpu_bf16() else "fp32"
     root = tmp_path_factory.mktemp("reference")
     run_cli("shards", "--input", sotu_small, "--vocab", sotu_vocab, "--seq-len", 64, "--no-nsp",
             "--masking", "static", "--dupe-factor", 1, "--num-shards", 4, "--val-fraction", 0.05, "--workers", 2,
@@ -398,7 +423,8 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
         "gradient_accumulation_steps": 2})
     tiny = ["--model", "tiny", "--num-workers", 1]
     launches = {
-        "healthy": ["--deepspeed_config", REPO / "ds_configs" / "cpu_quickstart_lamb_fp32.json", *tiny, "--data",
+        "healthy": ["--deepspeed_config", REPO / "ds_configs" / f"cpu_quickstart_lamb_{quickstart_precision}.json",
+                    *tiny, "--data",
                     root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
                     "--plateau-check-samples", 15000],
         "run30": [*COMMON, "--data", train_data, "--max-steps", 30, "--eval-every", 15, "--save-every", 10,
@@ -595,7 +621,7 @@ def checked(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def mode_run(tmp_path_factory, request):
     """mode_run(name): MODE_CASES[name] trained on 2 ranks. The first call trains every case,
-    two launches at a time."""
+    two runs at a time."""
     done = {}
 
     def train_every_case():

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, free_port, node_launch_cmd
+from conftest import REPO, node_launch_cmd, train
 
 sys.path.insert(0, str(REPO))
 
@@ -40,11 +40,9 @@ def losses(run: Path) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def one_host_run(tmp_path_factory, data):
-    """The reference: the same 2 ranks and global batch on one host."""
+    """The reference: the same 2 ranks and global batch on one host (forked: conftest.train)."""
     run = tmp_path_factory.mktemp("one_host") / "run"
-    proc = subprocess.run([DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), *train_args(data, run)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    check(proc, "one-host run")
+    train(2, *train_args(data, run)[1:])
     return run
 
 

@@ -10,6 +10,7 @@ from conftest import (
     REPO,
     crashed_after,
     free_port,
+    launched,
     load_manifest,
     one_rank_group,
     refused_in_process,
@@ -256,9 +257,10 @@ def test_onebit_lamb_on_three_ranks_stays_identical_and_sends_16x_less(tmp_path,
 
 def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
     """--compile through both 1-bit LAMB stages, and every rank exits: compiled runs kept rank 1's
-    loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever."""
+    loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever
+    (launched, not forked: a forked rank ends in os._exit, without the interpreter's exit)."""
     run = tmp_path / "run"
-    train(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=600)
+    launched(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=600)
     compiled, eager = rows(run), {r["step"]: r for r in rows(onebit20)}  # onebit20 logs every step
     assert [r["step"] for r in compiled] == [5, 10, 15]
     # batch widths and token counts vary from step to step; no step after the first recompiles
