@@ -36,16 +36,29 @@ WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_mode
                  **dict.fromkeys(["test_data", "test_model"], "datasets")}
 
 
+# The longest groups first, each to the next worker free (xdist hands a worker its next group when
+# its current one has 2 tests left): a long group started last holds one worker while the other
+# idles (ablate and benchmarks, 270 s, began at minute 14 of a 16-minute run). By the
+# workers' seconds in a whole run, longest first; the rest in collection order.
+LONGEST_FIRST = ["on_hosts", "shared_runs", "test_slurm", "test_ablate", "test_benchmarks", "test_gpu_session",
+                 "test_launch_errors", "test_run_config", "datasets"]
+
+
+def scope_of(nodeid: str) -> str:
+    module = Path(nodeid.split("::", 1)[0]).stem
+    return WORKER_GROUPS.get(module, module)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduling by scope, the scope being a module's group. Why not --dist loadgroup:
-    with pytest 9.2 its xdist_group marks have no effect (xdist 3.8 renames item._nodeid, which
-    pytest 9.2 no longer reads), and every test went where it liked."""
+    """xdist's scheduling by scope, the scope being a module's group, in LONGEST_FIRST's order.
+    Why not --dist loadgroup: with pytest 9.2 its xdist_group marks have no effect (xdist 3.8
+    renames item._nodeid, which pytest 9.2 no longer reads), and every test went where it liked."""
     from xdist.scheduler import LoadScopeScheduling
+    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems), not by size
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = Path(nodeid.split("::", 1)[0]).stem
-            return WORKER_GROUPS.get(module, module)
+            return scope_of(nodeid)
     return ByGroup(config, log)
 
 
@@ -71,6 +84,8 @@ SHARED_TRAINING_TIMEOUT = 1800
 
 
 def pytest_collection_modifyitems(config, items):
+    rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(scope_of(item.nodeid), len(LONGEST_FIRST)))  # stable: files keep their order
     for item in items:
         if {"reference_runs", "mode_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(SHARED_TRAINING_TIMEOUT))
@@ -280,7 +295,10 @@ class ForkedRanks:
     ranks), where a fork starts with this process's imports. Where the launch is the subject (one
     line from one rank, signals, the launcher's status) a test starts it: launch_cmd."""
 
-    def __init__(self, ranks: int, *args, timeout: float = 600):
+    def __init__(self, ranks: int, *args, timeout: float = 600, nodes: list | None = None,
+                 master_addr: str = "127.0.0.1"):
+        """`nodes`: one callable a node, which moves a forked rank onto that node (a host of
+        tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them."""
         import tempfile
         import time
 
@@ -289,10 +307,10 @@ class ForkedRanks:
         self.timeout, self.status, self.failed_at = timeout, {}, None
         self.folder = tempfile.TemporaryDirectory(prefix="ranks_")
         self.out, self.err = Path(self.folder.name) / "stdout", Path(self.folder.name) / "stderr"
-        port = free_port()
-        self.pids = [self._fork(train_py.main, rank, ranks, port) for rank in range(ranks)]
+        port, nodes = free_port(), nodes or [None]
+        self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr) for rank in range(ranks)]
 
-    def _fork(self, main, rank: int, world: int, port: int) -> int:
+    def _fork(self, main, rank: int, world: int, port: int, nodes: list, master_addr: str) -> int:
         pid = os.fork()
         if pid:
             return pid
@@ -313,10 +331,15 @@ class ForkedRanks:
                     # is a property (logging's last resort) looks up sys.stderr itself
                     if "stream" in vars(handler) and not isinstance(handler, logging.FileHandler):
                         handler.stream = sys.stdout if logger.name == "DeepSpeed" else sys.stderr
-            os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_SIZE=str(world),
-                              CROSS_RANK="0", CROSS_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            per_node = world // len(nodes)
+            node, local_rank = divmod(rank, per_node)
+            if nodes[node] is not None:
+                nodes[node]()
+            os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),
+                              LOCAL_SIZE=str(per_node), CROSS_RANK=str(node), CROSS_SIZE=str(len(nodes)),
+                              MASTER_ADDR=master_addr, MASTER_PORT=str(port))
             os.chdir(REPO)
-            main([f"--local_rank={rank}", *self.argv])
+            main([f"--local_rank={local_rank}", *self.argv])
             status = 0
         except SystemExit as exit_:
             if isinstance(exit_.code, str):

@@ -5,10 +5,11 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import REPO, node_launch_cmd, train
+from conftest import REPO, ForkedRanks, checked, train
 
 sys.path.insert(0, str(REPO))
 
@@ -163,8 +164,8 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     exchanges (its freeze comes after this run's 8 steps), and bucket-wise clipping and 1-bit LAMB's
     compressed stage, whose logged gradient norm once sent a whole fp32 allreduce at every step
     logged (hidden from bytes_sent; every step is logged here). Each node is
-    launched on its own (DeepSpeed's per-node launcher, as `deepspeed --no_ssh` starts it: that
-    runner is the subject of test_no_ssh_per_node_launches), so no launcher traffic crosses the link; node1's counter is read
+    a rank forked from this process onto its host (conftest.ForkedRanks, Cluster.enter), so no
+    launcher traffic crosses the link; node1's counter is read
     as each metrics row appears, when the step's collectives are done and the next step's are still a
     forward and backward away."""
     run, steps = tmp_path / "run", 8
@@ -177,22 +178,17 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     args = ["--deepspeed_config", str(tmp_path / config), "--data", str(data), "--model", "tiny",
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "1"]
-    tx = tx_reader(cluster, 0)
-    world = {host: [0] for host in cluster.hosts}
-    nodes = [cluster.popen(i, node_launch_cmd(world, i, cluster.addresses[0], 29616, *args),
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    peer = tx_reader(cluster, 1)
+    tx, peer = tx_reader(cluster, 0), tx_reader(cluster, 1)
+    ranks = ForkedRanks(2, *args, nodes=[partial(cluster.enter, 0), partial(cluster.enter, 1)],
+                        master_addr=cluster.addresses[0])
     metrics, tx_at_step = run / "metrics.jsonl", {}   # step → node1's counters when its row was the newest
-    while nodes[0].poll() is None:
+    while (done := ranks.poll()) is None:
         # whole lines only: the last may be caught half written (a CI run read one cut at char 432)
         rows = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
         if rows and (step := json.loads(rows[-1])["step"]) not in tx_at_step:
             tx_at_step[step] = (*tx(), peer()[2])   # and node2's resent segments, which node1 receives
         time.sleep(0.005)
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
-    for node, output in zip(nodes, outputs):
-        assert node.returncode == 0, output[-4000:]
+    checked(done)
     sent = {r["step"]: r["bytes_sent"] for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
     # from the first sampled step to the last before the final one, which evaluates before its row
     first, last = min(tx_at_step), max(s for s in tx_at_step if s < steps)
@@ -235,20 +231,15 @@ def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, conf
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "2"]
     readers = [tx_reader(cluster, 0), tx_reader(cluster, 1)]
-    world = {host: [0, 1] for host in cluster.hosts}  # a hostfile's slots=2
-    nodes = [cluster.popen(i, node_launch_cmd(world, i, cluster.addresses[0], 29617, *args),
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+    ranks = ForkedRanks(4, *args, nodes=[partial(cluster.enter, 0), partial(cluster.enter, 1)],  # 2 a node
+                        master_addr=cluster.addresses[0])
     metrics, at_step = run / "metrics.jsonl", {}
-    while nodes[0].poll() is None:
-        rows = metrics.read_text().splitlines() if metrics.exists() else []
+    while (done := ranks.poll()) is None:
+        rows = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
         if rows and (step := json.loads(rows[-1])["step"]) not in at_step:
             at_step[step] = [read() for read in readers]
         time.sleep(0.005)
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
-    for node, output in zip(nodes, outputs):
-        assert node.returncode == 0, output[-4000:]
-    assert "exchange in two levels (2 nodes of 2 ranks each): fp32 inside a node" in outputs[0], outputs[0][-3000:]
+    assert "exchange in two levels (2 nodes of 2 ranks each): fp32 inside a node" in checked(done).stdout, done.stdout
     rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
     first, last = min(at_step), max(s for s in at_step if s < steps)
     assert last - first >= steps // 2, at_step
