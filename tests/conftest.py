@@ -255,17 +255,9 @@ def launch_cmd(ranks: int, *args) -> list[str]:
     multi_node_exec`). Leaving out the runner's own interpreter saves ~2 CPU-s of each launch;
     the runner is tested where it is the subject: bert-launch (test_launcher.py), hostfile
     launches (test_multihost.py, test_plan.py), Slurm, and the quickstart that CI runs first."""
-    return node_launch_cmd({"localhost": list(range(ranks))}, 0, "127.0.0.1", free_port(), *args)
-
-
-def node_launch_cmd(world: dict[str, list[int]], node_rank: int, master_addr: str, master_port: int,
-                    *args) -> list[str]:
-    """DeepSpeed's per-node launcher for node `node_rank` of `world` ({host: its slots}), as the
-    runner starts it with --no_ssh on each node (runner.py, `if args.no_ssh`)."""
-    encoded = base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={encoded}",
-            f"--master_addr={master_addr}", f"--master_port={master_port}", f"--node_rank={node_rank}", "train.py",
-            *map(str, args)]
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(ranks))}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", "train.py", *map(str, args)]
 
 
 @contextlib.contextmanager
@@ -296,9 +288,10 @@ class ForkedRanks:
     line from one rank, signals, the launcher's status) a test starts it: launch_cmd."""
 
     def __init__(self, ranks: int, *args, timeout: float = 600, nodes: list | None = None,
-                 master_addr: str = "127.0.0.1"):
-        """`nodes`: one callable a node, which moves a forked rank onto that node (a host of
-        tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them."""
+                 master_addr: str = "127.0.0.1", node_args: list[list] | None = None):
+        """`nodes`: one entry a node, None or a callable that moves a forked rank onto that node
+        (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them.
+        `node_args`: each node's arguments after `args` (a directory of its own)."""
         import tempfile
         import time
 
@@ -307,7 +300,8 @@ class ForkedRanks:
         self.timeout, self.status, self.failed_at = timeout, {}, None
         self.folder = tempfile.TemporaryDirectory(prefix="ranks_")
         self.out, self.err = Path(self.folder.name) / "stdout", Path(self.folder.name) / "stderr"
-        port, nodes = free_port(), nodes or [None]
+        port, nodes = free_port(), nodes or [None] * len(node_args or [[]])
+        self.node_args = [[str(a) for a in extra] for extra in node_args or [[]] * len(nodes)]
         self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr) for rank in range(ranks)]
 
     def _fork(self, main, rank: int, world: int, port: int, nodes: list, master_addr: str) -> int:
@@ -339,7 +333,7 @@ class ForkedRanks:
                               LOCAL_SIZE=str(per_node), CROSS_RANK=str(node), CROSS_SIZE=str(len(nodes)),
                               MASTER_ADDR=master_addr, MASTER_PORT=str(port))
             os.chdir(REPO)
-            main([f"--local_rank={local_rank}", *self.argv])
+            main([f"--local_rank={local_rank}", *self.argv, *self.node_args[node]])
             status = 0
         except SystemExit as exit_:
             if isinstance(exit_.code, str):

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import COMMON, REPO, free_port, node_launch_cmd, refused_in_process, rows, train
+from conftest import COMMON, ForkedRanks, checked, refused_in_process, rows, train
 
 
 def error_lines(proc) -> list[str]:
@@ -150,20 +150,16 @@ def test_a_checkpoint_that_does_not_read_back_is_blamed_on_the_disk(tmp_path):
 # ---- two nodes that share no run directory: each launched on its own, as under Slurm
 
 
-def launch_nodes(tmp_path, data, runs, *args) -> list[subprocess.CompletedProcess]:
-    """Two nodes of one rank each, each started on its own as `deepspeed --no_ssh` starts it."""
-    world, port = {"node-a": [0], "node-b": [0]}, free_port()
-    procs = [subprocess.Popen(node_launch_cmd(world, n, "127.0.0.1", port, *COMMON, "--data", data, "--output-dir",
-                                              runs[n], *args),
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for n in range(2)]
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=600), *p.communicate()) for p in procs]
+def on_two_nodes(data, runs, *args) -> subprocess.CompletedProcess:
+    """Two nodes of one rank each (forked ranks: conftest.ForkedRanks), each with a run directory
+    of its own, as nodes without a shared file system have."""
+    return ForkedRanks(2, *COMMON, "--data", data, *args,
+                       node_args=[["--output-dir", run] for run in runs]).wait()
 
 
 def test_nodes_without_a_shared_run_directory_agree_on_what_to_resume(tmp_path, train_data):
     runs = [tmp_path / "node-a" / "run", tmp_path / "node-b" / "run"]
-    for done in launch_nodes(tmp_path, train_data, runs, "--max-steps", 4, "--save-every", 2, "--log-every", 2):
-        assert done.returncode == 0, done.stderr[-3000:]
+    checked(on_two_nodes(train_data, runs, "--max-steps", 4, "--save-every", 2, "--log-every", 2))
     for run in runs:  # every node holds whole checkpoints of its own
         assert (run / "checkpoints" / "latest").read_text() == "step_00000004"
         assert (run / "checkpoints" / "step_00000004" / "mp_rank_00_model_states.pt").is_file()
@@ -172,9 +168,8 @@ def test_nodes_without_a_shared_run_directory_agree_on_what_to_resume(tmp_path, 
     for run in runs:
         shutil.rmtree(run / "checkpoints" / "step_00000004")
         (run / "checkpoints" / "latest").write_text("step_00000002")
-    resumed = launch_nodes(tmp_path, train_data, runs, "--max-steps", 4, "--log-every", 2)
-    assert all(done.returncode == 0 for done in resumed), resumed[1].stderr[-3000:]
-    assert f"resuming from {runs[0] / 'checkpoints' / 'step_00000002'}" in resumed[0].stdout
+    resumed = checked(on_two_nodes(train_data, runs, "--max-steps", 4, "--log-every", 2))
+    assert f"resuming from {runs[0] / 'checkpoints' / 'step_00000002'}" in resumed.stdout
     keys = ("step", "loss", "mlm_acc")
     assert [[r[k] for k in keys] for r in rows(runs[0])] == [[r[k] for k in keys] for r in uninterrupted]
     # the norm is a reduction over threads whose order can change in the last bit (one CI run:
