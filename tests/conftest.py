@@ -1,14 +1,20 @@
 import base64
 import contextlib
 import hashlib
+import io
 import itertools
 import json
+import logging
 import lzma
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,8 +46,8 @@ WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_mode
 # its current one has 2 tests left): a long group started last holds one worker while the other
 # idles (ablate and benchmarks, 270 s, began at minute 14 of a 16-minute run). By the
 # workers' seconds in a whole run, longest first; the rest in collection order.
-LONGEST_FIRST = ["on_hosts", "shared_runs", "test_slurm", "test_ablate", "test_benchmarks", "test_gpu_session",
-                 "test_launch_errors", "test_run_config", "datasets"]
+LONGEST_FIRST = ["on_hosts", "shared_runs", "test_slurm", "test_ablate", "test_benchmarks",
+                 "test_gpu_session", "test_launch_errors", "test_run_config", "datasets"]
 
 
 def scope_of(nodeid: str) -> str:
@@ -54,7 +60,7 @@ def pytest_xdist_make_scheduler(config, log):
     Why not --dist loadgroup: with pytest 9.2 its xdist_group marks have no effect (xdist 3.8
     renames item._nodeid, which pytest 9.2 no longer reads), and every test went where it liked."""
     from xdist.scheduler import LoadScopeScheduling
-    config.option.loadscopereorder = False  # the collection's order (pytest_collection_modifyitems), not by size
+    config.option.loadscopereorder = False  # the collection's order (LONGEST_FIRST), not by size
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -66,7 +72,6 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_runtest_protocol(item, nextitem):
     """With SUITE_TIMELINE=FILE, a line per test: its worker, its start and end (epoch s), its id:
     which worker holds the suite's last minutes, and behind which tests (docs/suite.md)."""
-    import time
     start = time.time()
     try:
         return (yield)
@@ -85,7 +90,8 @@ SHARED_TRAINING_TIMEOUT = 1800
 
 def pytest_collection_modifyitems(config, items):
     rank = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(scope_of(item.nodeid), len(LONGEST_FIRST)))  # stable: files keep their order
+    # stable: the files of a group, and the tests of a file, keep their order
+    items.sort(key=lambda item: rank.get(scope_of(item.nodeid), len(LONGEST_FIRST)))
     for item in items:
         if {"reference_runs", "mode_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(SHARED_TRAINING_TIMEOUT))
@@ -292,17 +298,15 @@ class ForkedRanks:
         """`nodes`: one entry a node, None or a callable that moves a forked rank onto that node
         (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them.
         `node_args`: each node's arguments after `args` (a directory of its own)."""
-        import tempfile
-        import time
-
         import train as train_py  # once per worker: every fork starts with it
         self.argv, self.deadline = [str(a) for a in args], time.monotonic() + timeout
-        self.timeout, self.status, self.failed_at = timeout, {}, None
+        self.timeout, self.status, self.failed_at, self.first_failure = timeout, {}, None, 0
         self.folder = tempfile.TemporaryDirectory(prefix="ranks_")
         self.out, self.err = Path(self.folder.name) / "stdout", Path(self.folder.name) / "stderr"
         port, nodes = free_port(), nodes or [None] * len(node_args or [[]])
         self.node_args = [[str(a) for a in extra] for extra in node_args or [[]] * len(nodes)]
-        self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr) for rank in range(ranks)]
+        self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr)
+                     for rank in range(ranks)]
 
     def _fork(self, main, rank: int, world: int, port: int, nodes: list, master_addr: str) -> int:
         pid = os.fork()
@@ -310,15 +314,13 @@ class ForkedRanks:
             return pid
         status = 1
         try:
-            import io
             for fd, path in ((1, self.out), (2, self.err)):
                 os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
-            sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
-            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
+            sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                                       line_buffering=True) for fd in (1, 2))
             # a logger's handler keeps the stream it was made with: pytest's capture of whichever
             # test imported its package, closed since. Here they write where a launched rank's do:
             # DeepSpeed's logger to stdout (its LoggerFactory), the others to stderr (logging's default)
-            import logging
             for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
                 for handler in getattr(logger, "handlers", ()):
                     # assigned, not setStream(), which flushes the closed one; a handler whose stream
@@ -340,7 +342,6 @@ class ForkedRanks:
                 sys.stderr.write(exit_.code + "\n")
             status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
         except BaseException:  # noqa: BLE001 - as an uncaught exception ends a process
-            import traceback
             traceback.print_exc()
         finally:
             try:
@@ -352,8 +353,6 @@ class ForkedRanks:
     def poll(self) -> subprocess.CompletedProcess | None:
         """The launch's result once every rank has ended, else None. As DeepSpeed's launcher, the
         first rank to fail sets the status and ends the others (after 10 s to end on their own)."""
-        import signal
-        import time
         for pid in self.pids:
             if pid not in self.status:
                 done, raw = os.waitpid(pid, os.WNOHANG)
@@ -371,16 +370,15 @@ class ForkedRanks:
                     raise subprocess.TimeoutExpired(["train.py", *self.argv], self.timeout, *self._output())
             else:
                 return None
-        status = self.first_failure if self.failed_at is not None else 0
-        result = subprocess.CompletedProcess(["train.py", *self.argv], status, *self._output())
+        result = subprocess.CompletedProcess(["train.py", *self.argv], self.first_failure, *self._output())
         self.folder.cleanup()
         return result
 
     def _output(self) -> tuple[str, str]:
-        return tuple(path.read_text(errors="replace") if path.exists() else "" for path in (self.out, self.err))
+        return tuple(path.read_text(errors="replace") if path.exists() else ""
+                     for path in (self.out, self.err))
 
     def wait(self) -> subprocess.CompletedProcess:
-        import time
         while (result := self.poll()) is None:
             time.sleep(0.05)
         return result
@@ -392,11 +390,11 @@ def train(ranks, *args, check=True, timeout=600):
     return checked(proc) if check else proc
 
 
-def launched(ranks, *args, check=True, timeout=600, env=None):
+def launched(ranks, *args, check=True, timeout=600):
     """train.py on `ranks` ranks under DeepSpeed's per-node launcher: where the launch is the
     subject, or what happens when its processes exit (a forked rank ends in os._exit)."""
     proc = subprocess.run(launch_cmd(ranks, *args), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          check=False, env=env)
+                          check=False)
     return checked(proc) if check else proc
 
 
@@ -430,7 +428,7 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
       10 steps (ZeRO-2 in bf16 against it: test_training_paths.py);
     - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps."""
     from commodity_bert.optim.precision import native_cpu_bf16
-    quickstart_precision = "bf16" if native_cpu_bf16() else "fp32"
+    precision = "bf16" if native_cpu_bf16() else "fp32"  # as recipes/quickstart.sh picks
     root = tmp_path_factory.mktemp("reference")
     run_cli("shards", "--input", sotu_small, "--vocab", sotu_vocab, "--seq-len", 64, "--no-nsp",
             "--masking", "static", "--dupe-factor", 1, "--num-shards", 4, "--val-fraction", 0.05, "--workers", 2,
@@ -440,9 +438,8 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
         "gradient_accumulation_steps": 2})
     tiny = ["--model", "tiny", "--num-workers", 1]
     launches = {
-        "healthy": ["--deepspeed_config", REPO / "ds_configs" / f"cpu_quickstart_lamb_{quickstart_precision}.json",
-                    *tiny, "--data",
-                    root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
+        "healthy": ["--deepspeed_config", REPO / "ds_configs" / f"cpu_quickstart_lamb_{precision}.json", *tiny,
+                    "--data", root / "healthy_seq64", "--max-steps", 400, "--log-every", 100, "--eval-every", 400,
                     "--plateau-check-samples", 15000],
         "run30": [*COMMON, "--data", train_data, "--max-steps", 30, "--eval-every", 15, "--save-every", 10,
                   "--keep-checkpoints", 2],
@@ -615,7 +612,6 @@ class ModeRun(NamedTuple):
 def side_by_side(launches: list[list], at_once: int = 2) -> list[subprocess.CompletedProcess]:
     """train(2, *args) for each args in `launches`, `at_once` at a time, none checked: a run
     leaves a core idle while its ranks set up and wait on each other."""
-    import time
     waiting, running, results = list(enumerate(launches)), {}, {}
     while waiting or running:
         while waiting and len(running) < at_once:

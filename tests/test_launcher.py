@@ -142,8 +142,8 @@ def test_a_stop_signal_saves_exits_zero_and_the_relaunch_continues(tmp_path, tra
     output, second = stop_training(per_node, run, train_data, signal.SIGUSR1)
     assert second > first and f"stopping at step {second}" in output
 
-    launcher = subprocess.Popen(launch_cmd(2, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps",
-                                           100000), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = launch_cmd(2, *COMMON, "--data", train_data, "--output-dir", run, "--max-steps", 100000)
+    launcher = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: last_step(run) > second and len(rank_processes(launcher)) == 2, launcher)
     for rank in rank_processes(launcher):
         os.kill(rank.pid, signal.SIGTERM)
