@@ -127,6 +127,13 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
 
 
+def forked_on_hosts(cluster, ranks: int, *args) -> ForkedRanks:
+    """train.py on `ranks` ranks forked from this process, split evenly over the cluster's hosts
+    (Cluster.enter), rank 0's host the master."""
+    return ForkedRanks(ranks, *args, nodes=[partial(cluster.enter, h) for h in range(len(cluster.hosts))],
+                       master_addr=cluster.addresses[0])
+
+
 # Ethernet (14) + IPv4 (20) + TCP with timestamps (32): the headers of every packet node1 sends,
 # pure ACKs included; a retransmitted segment carries at most an MSS (MTU 1500 less 52). On 2 busy
 # cores veth drops packets and TCP resends them: 315 segments (0.43% of the bytes) over the six
@@ -179,8 +186,7 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "1"]
     tx, peer = tx_reader(cluster, 0), tx_reader(cluster, 1)
-    ranks = ForkedRanks(2, *args, nodes=[partial(cluster.enter, 0), partial(cluster.enter, 1)],
-                        master_addr=cluster.addresses[0])
+    ranks = forked_on_hosts(cluster, 2, *args)
     metrics, tx_at_step = run / "metrics.jsonl", {}   # step → node1's counters when its row was the newest
     while (done := ranks.poll()) is None:
         # whole lines only: the last may be caught half written (a CI run read one cut at char 432)
@@ -231,8 +237,7 @@ def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, conf
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "2"]
     readers = [tx_reader(cluster, 0), tx_reader(cluster, 1)]
-    ranks = ForkedRanks(4, *args, nodes=[partial(cluster.enter, 0), partial(cluster.enter, 1)],  # 2 a node
-                        master_addr=cluster.addresses[0])
+    ranks = forked_on_hosts(cluster, 4, *args)  # 2 a node
     metrics, at_step = run / "metrics.jsonl", {}
     while (done := ranks.poll()) is None:
         rows = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
