@@ -60,7 +60,9 @@ from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_rank
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
 from commodity_bert.train.launch_checks import (
+    BatchSizes,
     LaunchError,
+    batch_for_resume,
     check_against_device,
     check_command_line,
     check_data_against_model,
@@ -98,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="auto", help="auto (latest checkpoint in RUN, if any) | PATH | none")
     p.add_argument("--allow-data-change", action="store_true",
                    help="resume onto a dataset other than the checkpoint's (from its first batch)")
+    p.add_argument("--allow-batch-change", action="store_true",
+                   help="resume on a world size that cannot make the checkpoint's global batch, at the "
+                        "config's batch for this world size (said in one line)")
     p.add_argument("--init-from", help="start from these weights: a RUN, its hf_model, a checkpoint directory, or any "
                    "Hugging Face BERT directory with its tokenizer (a missing masked-LM head starts fresh)")
     p.add_argument("--log-every", type=int, default=10)
@@ -241,15 +246,32 @@ def join_the_ranks(args) -> torch.device:
 class CheckedInputs(NamedTuple):
     """What the launch was given, checked: the config, the batch sizes, the data, the model's shape."""
     config: RunConfig
-    total_batch: int
-    micro_batch: int
-    accumulation: int
+    batch: BatchSizes
     data: ShardSet
     model_config: object
     recipe: dict  # the config's "pretraining" section: masking rate, dropout
     batches: TrainingBatches
     val_batches: ValidationBatches
     max_steps: int  # --max-steps, or the scheduler's total
+
+    @property
+    def total_batch(self) -> int:
+        return self.batch.total
+
+    @property
+    def accumulation(self) -> int:
+        return self.batch.accumulation
+
+    def batch_note(self) -> str | None:
+        """One line where this world size cannot train the config's batch as written."""
+        return self.batch.note(dist.get_world_size(), self.config.micro_batch or self.batch.micro)
+
+
+def data_batches(args, data: ShardSet, micro_batch: int, recipe: dict) -> tuple[TrainingBatches, ValidationBatches]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return (TrainingBatches(data, rank, world, micro_batch, args.seed, args.num_workers, args.shards_in_memory,
+                            mask_prob=recipe.get("mask_prob")),
+            ValidationBatches(data, rank, world, micro_batch))
 
 
 def check_inputs(args, device: torch.device) -> CheckedInputs:
@@ -260,7 +282,7 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
     try:
         check_command_line(args)
         config = load_deepspeed_config(args.deepspeed_config)
-        total_batch, micro_batch, accumulation = check_deepspeed_config(config, world)
+        batch = check_deepspeed_config(config, world)
         check_against_device(config, device.type == "cuda")
         if rank == 0 and (trouble := monitor_problem(config.given, Path(args.output_dir))):  # rank 0 logs
             raise LaunchError(trouble)
@@ -268,9 +290,7 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
         model_config = build_config(args.model, data.vocab_size)
         check_data_against_model(data, model_config)
         recipe = pretraining_settings(config, data)
-        batches = TrainingBatches(data, rank, world, micro_batch, args.seed, args.num_workers, args.shards_in_memory,
-                                  mask_prob=recipe.get("mask_prob"))
-        val_batches = ValidationBatches(data, rank, world, micro_batch)
+        batches, val_batches = data_batches(args, data, batch.micro, recipe)
     except (LaunchError, ModelConfigError, DataError, ShardFormatError) as exc:
         problem = str(exc)
     if agree([problem is not None], device)[0]:
@@ -286,8 +306,28 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
         say(warning)
     if device.type == "cpu" and (warning := cpu_bf16_warning(args.deepspeed_config, config)):
         say(warning)
-    return CheckedInputs(config, total_batch, micro_batch, accumulation, data, model_config, recipe,
-                  batches, val_batches, max_steps)
+    return CheckedInputs(config, batch, data, model_config, recipe, batches, val_batches, max_steps)
+
+
+def fit_to_checkpoint(args, inputs: CheckedInputs, step_dir: Path) -> CheckedInputs:
+    """A resumed run trains at its checkpoint's global batch, whatever the world size or the
+    micro-batch of this launch (or refuses in one line), and says what changed."""
+    recorded = checkpoint.progress(step_dir)
+    if recorded is None or "batch" not in recorded:  # written before checkpoints kept their batch
+        if line := inputs.batch_note():
+            say(line)
+        return inputs
+    try:
+        batch, line = batch_for_resume(inputs.config, dist.get_world_size(), recorded["batch"], step_dir.name,
+                                       args.allow_batch_change)
+    except LaunchError as exc:
+        fail(str(exc))
+    if line:
+        say(line)
+    if batch.micro == inputs.batch.micro:
+        return inputs._replace(batch=batch)
+    batches, val_batches = data_batches(args, inputs.data, batch.micro, inputs.recipe)
+    return inputs._replace(batch=batch, batches=batches, val_batches=val_batches)
 
 
 def intact_weights_to_start_from(directory: Path) -> str:
@@ -384,7 +424,8 @@ def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardS
         fail(str(exc))
     trained_on = state.get("data_digest")
     if trained_on in (None, data.digest):
-        batches.load_state_dict(state["data"])
+        if line := batches.load_state_dict(state["data"]):
+            say(line)
     elif args.allow_data_change:
         say(f"--allow-data-change: {args.data} is not the data {tag} was trained on; starting at its first batch")
     else:
@@ -446,13 +487,19 @@ def main(argv: list[str] | None = None) -> None:
     inputs = check_inputs(args, device)
     data, batches, max_steps = inputs.data, inputs.batches, inputs.max_steps
     node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir)
+    if resume_tag is not None:
+        inputs = fit_to_checkpoint(args, inputs, resume_dir / resume_tag)
+        batches = inputs.batches
+    elif line := inputs.batch_note():
+        say(line)
 
     hf_model, model_config, init_checkpoint = pretraining_model(args, inputs, resuming=resume_tag is not None)
     model = PretrainingModel(hf_model, attention=attention_layout(inputs.config))
     torch.manual_seed(args.seed + rank)  # dropout differs per rank
 
     # ---- how the ranks communicate: one object, chosen from the config (comm/mode.py)
-    engine, optimizer, scheduler, mode, ds_config = build_engine(inputs.config, model, node_local_checkpoints=node_local)
+    engine, optimizer, scheduler, mode, ds_config = build_engine(inputs.config, model, node_local_checkpoints=node_local,
+                                                                 batch=tuple(inputs.batch))
     topology = Topology.discover()  # which ranks share a node: the launcher's hostfile
     say(*mode.attach(engine, optimizer, model, topology))
     if args.compile:
@@ -490,6 +537,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
+                        "batch": {"global_batch": inputs.batch.total, "micro_batch": inputs.batch.micro,
+                                  "accumulation": inputs.batch.accumulation, "world_size": world},
                         "clocks": bookkeeping.clocks(), "data_digest": data.digest}
         shared, rank_state = mode.state()
         client_state.update(shared)

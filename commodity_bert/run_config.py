@@ -181,13 +181,18 @@ class RunConfig:
         return None
 
     # ---- what DeepSpeed and other runs get
-    def for_deepspeed(self, without_optimizer: bool = False, node_local_checkpoints: bool = False) -> dict:
+    def for_deepspeed(self, without_optimizer: bool = False, node_local_checkpoints: bool = False,
+                      batch: tuple[int, int, int] | None = None) -> dict:
         """The JSON for DeepSpeed: as written, less the project's block (DeepSpeed rejects keys it
         does not know), less the optimizer block where the project builds the optimizer, with
         node-local checkpoints where the run directory is not shared (every node keeps a whole
-        checkpoint of its own)."""
+        checkpoint of its own), and with `batch` (global, micro, accumulation) where the launch
+        resolved the sizes for its world size (launch_checks.resolve_batch_sizes)."""
         config = copy.deepcopy({k: v for k, v in self.given.items()  # DeepSpeed's own changes stay its own
                                 if k != PROJECT_BLOCK and not (without_optimizer and k == "optimizer")})
+        if batch is not None:
+            config.update(zip(("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"),
+                              batch))
         if node_local_checkpoints:
             config["checkpoint"] = {**config.get("checkpoint", {}), "use_node_local_storage": True}
         return config

@@ -334,3 +334,66 @@ def test_mask_rows_follows_mask_sequences_rule_for_every_row():
     shown = np.array(shown)
     assert 0.78 < (shown == 4).mean() < 0.82  # [MASK]
     assert 0.09 < kept_as_is / len(shown) < 0.115  # kept (and the few random draws of the same id)
+
+
+def _trained_ids(batches: TrainingBatches, count: int) -> list[np.ndarray]:
+    ids = batches.sample_ids()
+    return [next(ids) for _ in range(count)]
+
+
+@pytest.mark.parametrize("layouts", [
+    [(2, 16, 1), (1, 32, 1)],             # half the ranks, the global batch kept
+    [(1, 16, 2), (3, 8, 1), (2, 8, 0)],   # more ranks, then fewer, the shard window changed each time
+])
+def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets, layouts):
+    """A relaunch under another world size, micro-batch or shard window continues the epoch by the
+    samples it consumed: over the resumed epoch each sample trains once, and as many train as in
+    an uninterrupted run (all but fewer than a micro-batch per rank and stratum); the next epoch is
+    a fresh run's under the new layout. Read as (epoch, batch) under the new layout, the same
+    position trains other samples, some a second time."""
+    data = datasets / "static"
+    manifest = fmt.load_manifest(data)
+    strata = manifest["num_strata"]
+    total = sum(manifest["splits"]["train"]["strata_counts"])
+
+    def ranks(world, micro, window):
+        return [TrainingBatches(ShardSet.open(data), r, world, micro, seed=3, num_workers=0, shards_in_memory=window)
+                for r in range(world)]
+
+    uninterrupted = ranks(*layouts[0])
+    whole = np.concatenate([np.concatenate(_trained_ids(b, b.stream.batches_in_epoch(0))) for b in uninterrupted])
+    assert len(np.unique(whole)) == len(whole) and total - len(whole) < layouts[0][0] * (layouts[0][1] + strata)
+
+    trained, state, lines = [], None, []
+    for k, layout in enumerate(layouts):
+        group = ranks(*layout)
+        for b in group:
+            if state is not None:
+                line = b.load_state_dict(state)
+        if state is not None:
+            lines.append(line)
+        last = k == len(layouts) - 1
+        steps = group[0].current_stream().batches_in_epoch(0) if last else 3 + 2 * k
+        for b in group:
+            trained.extend(_trained_ids(b, steps))
+        assert all(b.epoch == 0 for b in group) if not last else True
+        state = group[0].state_dict()
+        state = json.loads(json.dumps(state))  # as a checkpoint keeps it
+    resumed = np.concatenate(trained)
+    assert len(np.unique(resumed)) == len(resumed)  # none twice
+    world, micro = layouts[-1][:2]
+    assert total - len(resumed) < world * (micro + strata)  # the last layout's few, as a fresh run leaves
+    assert all(f"the rest of the epoch is dealt to" in line for line in lines)
+    # the next epoch: the last layout's own plan, as a fresh run under it deals it
+    fresh = ranks(*layouts[-1])
+    assert np.array_equal(next(group[0].sample_ids()), next(iter(fresh[0].stream.plans(1))).plan[0])
+    assert group[0].epoch == 1 and not group[0].earlier
+    # what main did: the position read as (epoch, batch) under the new layout
+    first = ranks(*layouts[0])
+    before = np.concatenate([np.concatenate(_trained_ids(b, 3)) for b in first])
+    naive = ranks(*layouts[1])
+    after = []
+    for b in naive:
+        b.batch = 3
+        after.extend(_trained_ids(b, naive[0].stream.batches_in_epoch(0) - 3))
+    assert np.isin(np.concatenate(after), before).any()

@@ -87,11 +87,36 @@ def test_the_shipped_configs_read_back_as_deepspeed_wrote_them():
 @pytest.mark.parametrize("path", sorted((REPO / "ds_configs").glob("*.json")),
                          ids=lambda p: p.name)
 def test_shipped_configs_pass_the_launch_checks(path):
+    """On any world size, uneven ones included (4 + 4 + 2 GPUs, 6, 12): a config that fixes the
+    global batch trains it, or the nearest multiple of micro-batch × ranks, said in one line; a
+    micro-batch is never raised, as it was sized for a card's memory."""
     from commodity_bert.train.launch_checks import check_deepspeed_config, load_deepspeed_config
     config = load_deepspeed_config(str(path))
-    for world in (1, 2, 8, 16):
-        total, micro, accumulation = check_deepspeed_config(config, world)
+    for world in (1, 2, 3, 6, 8, 10, 12, 16):
+        batch = check_deepspeed_config(config, world)
+        total, micro, accumulation = batch
         assert total == micro * accumulation * world
+        if config.train_batch_size is None:
+            assert (micro, accumulation) == (config.micro_batch, config.accumulation or 1)
+            continue
+        assert micro <= config.micro_batch and batch.asked == config.train_batch_size
+        if config.train_batch_size % world == 0 and (config.train_batch_size // world) % config.micro_batch == 0:
+            assert batch.note(world, config.micro_batch) is None and total == config.train_batch_size
+        else:
+            assert abs(total - config.train_batch_size) <= micro * world / 2, (world, batch)  # the nearest
+            assert batch.note(world, config.micro_batch).startswith("batch: global batch ")
+
+
+def test_the_batch_rule_on_ten_ranks_is_one_line():
+    from commodity_bert.train.launch_checks import check_deepspeed_config, load_deepspeed_config
+    config = load_deepspeed_config(str(REPO / "ds_configs" / "bert_base_phase1_lamb_bf16.json"))
+    batch = check_deepspeed_config(config, 10)
+    assert tuple(batch) == (65280, 64, 102)
+    assert batch.note(10, 64) == (
+        "batch: global batch 65536 → 65280 (-0.4%) on 10 ranks, accumulation 102 (kept where micro-batch × "
+        "accumulation × ranks can make it with a micro-batch in [½, 1] × the config's, else the nearest multiple "
+        "of micro-batch × ranks; the schedule is unchanged)")
+    assert tuple(check_deepspeed_config({**config.given, "train_micro_batch_size_per_gpu": 48}, 8)) == (65536, 32, 256)
 
 
 @pytest.mark.parametrize("block, words", [

@@ -120,6 +120,49 @@ def test_resume_equals_uninterrupted_and_a_fresh_start_sets_the_history_aside(tm
     assert rows(run)[0]["loss"] < fresh - 0.1
 
 
+def test_a_relaunch_on_fewer_ranks_keeps_the_global_batch_and_the_data_order(tmp_path, data, run30, capsys):
+    """run30 (2 ranks × 32) relaunched from its step-20 checkpoint on 1 rank: it says what changed,
+    trains 64 sequences a step (accumulation 2) on the samples of the epoch that step 20 left
+    untrained; on 3 ranks, which cannot make 64 with a micro-batch of at most 32, it is refused in
+    one line naming --allow-batch-change, and with that flag it goes on at the config's 96."""
+    import train as train_module
+    run = crashed_after(run30, 20, tmp_path / "run")
+    progress = json.loads((run / "checkpoints" / "step_00000020" / "progress.json").read_text())
+    assert progress == {"step": 20, "samples": 20 * 64, "batch": {"global_batch": 64, "micro_batch": 32,
+                                                                "accumulation": 1, "world_size": 2}}
+    proc = train(1, *COMMON, "--data", data, "--output-dir", run, "--max-steps", 22, "--log-every", 1)
+    assert "relaunch against step_00000020: ranks 2 → 1, accumulation 1 → 2 (global batch 64 kept)" in proc.stdout
+    assert "samples of epoch 0 trained on 2 rank(s) × micro-batch 32; the rest of the epoch is dealt to 1 rank(s)" \
+        in proc.stdout
+    assert [(r["step"], r["samples"]) for r in rows(run) if r["step"] > 20] == [(21, 21 * 64), (22, 22 * 64)]
+    assert json.loads((run / "summary.json").read_text())["world_size"] == 1
+    # 3 ranks: decided before an engine exists, checked here in process
+    args = train_module.parse_args([*map(str, COMMON), "--data", str(data), "--output-dir", str(run)])
+    with one_rank_group():
+        inputs = train_module.check_inputs(args, torch_cpu())
+    from commodity_bert.train.launch_checks import batch_for_resume
+    with pytest.raises(LaunchError) as error:
+        batch_for_resume(inputs.config, 3, progress["batch"], "step_00000020", allow_change=False)
+    assert str(error.value) == (
+        "step_00000020 trained at global batch 64 (2 ranks × micro-batch 32 × accumulation 1); 3 ranks with a "
+        "micro-batch of at most 32 cannot make it (the nearest is 63); relaunch on a world size that divides 64, "
+        "or give --allow-batch-change to go on at 96 a step (3 × 32 × 1)")
+    batch, line = batch_for_resume(inputs.config, 3, progress["batch"], "step_00000020", allow_change=True)
+    assert tuple(batch) == (96, 32, 1)
+    assert line == "relaunch against step_00000020: ranks 2 → 3, global batch 64 → 96 (--allow-batch-change)"
+    # a doubled micro-batch on the same 2 ranks: 64 kept with the checkpoint's micro-batch
+    batch, line = batch_for_resume({**inputs.config.given, "train_micro_batch_size_per_gpu": 64}, 2,
+                                   progress["batch"], "step_00000020", allow_change=False)
+    assert tuple(batch) == (64, 32, 1)
+    assert line == ("relaunch against step_00000020: micro-batch 32 kept (global batch 64 kept; the config asks "
+                    "micro-batch 64)")
+
+
+def torch_cpu():
+    import torch
+    return torch.device("cpu")
+
+
 def test_resume_of_a_damaged_checkpoint_is_refused_in_one_line(tmp_path, data, run30, capsys):
     """run30's newest checkpoint (step 30) truncated, as a killed copy or a failing disk leaves it:
     --resume of it is refused in one line that names the file and its sizes (--resume auto's

@@ -122,6 +122,33 @@ def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
     return [ShardShare(k, tuple(e["strata_counts"]), rank, world) for k, e in enumerate(entries)]
 
 
+@dataclass(frozen=True)
+class RemainingShare:
+    """What one rank trains of one shard in the rest of an epoch that earlier layouts trained
+    `consumed` of (sorted ids, every shard's): every `step`-th of the samples left in each stratum,
+    from `first`, so the ranks' shares differ by at most one sample per stratum, as a fresh
+    layout's do, and none of the samples left stays untrained for want of a rank to take it."""
+    shard: int
+    sizes: tuple[int, ...]
+    consumed: np.ndarray
+    first: int
+    step: int
+
+    def ids(self, stratum: int) -> np.ndarray:
+        ids = sample_ids(self.shard, stratum, np.arange(self.sizes[stratum]))
+        lo, hi = np.searchsorted(self.consumed, [ids[0], ids[-1] + 1]) if len(ids) else (0, 0)
+        return ids[~np.isin(ids, self.consumed[lo:hi], assume_unique=True)][self.first::self.step]
+
+    def counts(self) -> np.ndarray:
+        return np.array([len(self.ids(s)) for s in range(len(self.sizes))], dtype=np.int64)
+
+
+def remaining_shares(manifest: dict, rank: int, world: int, consumed: np.ndarray) -> list[RemainingShare]:
+    """Rank `rank`'s part of the samples an epoch has left after `consumed`: a share of every shard."""
+    return [RemainingShare(k, tuple(e["strata_counts"]), consumed, rank, world)
+            for k, e in enumerate(manifest["splits"]["train"]["shards"])]
+
+
 def round_schedule(rank_counts: np.ndarray, micro_batch: int) -> np.ndarray:
     """Which stratum fills each slot of each micro-batch, from what every rank holds ([ranks,
     strata], known from the manifest: no communication). Every rank gets the same schedule, so
@@ -175,15 +202,19 @@ class StreamPlan:
     in the epoch (batch index) is enough to rebuild everything on resume."""
 
     def __init__(self, manifest: dict, rank: int, world: int, micro_batch: int, seed: int,
-                 shards_in_memory: int, where: str = "data"):
+                 shards_in_memory: int, where: str = "data", consumed: np.ndarray | None = None, segment: int = 0):
+        """`consumed`, `segment`: the plan of the rest of an epoch, after `segment` earlier layouts
+        (TrainingBatches.layouts) trained the `consumed` samples; its generators are its own."""
         self.rank, self.micro_batch, self.seed = rank, micro_batch, seed
         self.num_strata = manifest["num_strata"]
-        self.shares = [rank_shares(manifest, r, world) for r in range(world)]
+        self.salt = [segment] if segment else []  # the first layout's draws as they always were
+        self.shares = [rank_shares(manifest, r, world) if consumed is None else
+                       remaining_shares(manifest, r, world, consumed) for r in range(world)]
         self.counts = np.array([[share.counts() for share in shares] for shares in self.shares])  # [W, n, S]
         n = len(self.shares[rank])
         self.window = n if shards_in_memory <= 0 else min(shards_in_memory, n)
         self._cache: dict[int, list[Round]] = {}
-        if self.batches_in_epoch(0) == 0:
+        if consumed is None and self.batches_in_epoch(0) == 0:
             raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
                             f"{world} ranks; make more data or use a smaller micro-batch")
 
@@ -191,7 +222,7 @@ class StreamPlan:
         """The epoch's rounds: shards and schedules (counts only, the same arithmetic on every rank)."""
         if epoch not in self._cache:
             n = self.counts.shape[1]
-            order = np.random.default_rng([self.seed, epoch]).permutation(n)  # the same on every rank
+            order = np.random.default_rng([self.seed, epoch, *self.salt]).permutation(n)  # the same on every rank
             carry_counts = np.zeros((self.counts.shape[0], self.num_strata), dtype=np.int64)
             rounds, first = [], 0
             for k, start in enumerate(range(0, n, self.window)):
@@ -207,13 +238,22 @@ class StreamPlan:
     def batches_in_epoch(self, epoch: int) -> int:
         return sum(r.batches for r in self.rounds(epoch))
 
+    def trained(self, epoch: int, batches: int) -> np.ndarray:
+        """The ids this rank's first `batches` micro-batches of `epoch` train."""
+        rows = []
+        for rnd in self.plans(epoch):
+            if batches <= rnd.round.first_batch:
+                break
+            rows.append(rnd.plan[:batches - rnd.round.first_batch].ravel())
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
     def plans(self, epoch: int):
         """Each round's sample ids, in order: a round's pool per stratum is what was carried in
         and its shards' samples, shuffled; the first `take` fill the schedule, the rest carry on."""
         own = self.shares[self.rank]
         carry = [np.zeros(0, dtype=np.int64) for _ in range(self.num_strata)]
         for rnd in self.rounds(epoch):
-            rng = np.random.default_rng([self.seed, epoch, self.rank, rnd.index])
+            rng = np.random.default_rng([self.seed, epoch, self.rank, rnd.index, *self.salt])
             plan = np.empty(rnd.schedule.shape, dtype=np.int64)
             carried_in = np.concatenate(carry)
             for s in range(self.num_strata):
@@ -345,16 +385,35 @@ def _ignore_stop_signals(_worker_id: int) -> None:
 SHARDS_IN_MEMORY = 2
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How an epoch's samples are dealt: ranks, micro-batch and shard window (each changes the
+    plan), and how many micro-batches a rank trained under it."""
+    world: int
+    micro_batch: int
+    shards_in_memory: int
+    batches: int = 0
+
+    def deals_as(self, other: "Layout") -> bool:
+        return (self.world, self.micro_batch, self.shards_in_memory) == \
+            (other.world, other.micro_batch, other.shards_in_memory)
+
+
 class TrainingBatches:
     """Endless micro-batches over epochs, streamed a round of shards at a time (`StreamPlan`),
-    with a position (epoch, batch) that checkpoints save and restore. A rank holds the arrays
-    of at most `shards_in_memory` of its shards (plus the one being read, and the few samples
-    carried between rounds); 0 holds all of them."""
+    with a position that checkpoints save and restore: the epoch, the micro-batch within it, and
+    the layouts (world size, micro-batch, shard window) under which earlier launches trained
+    parts of the same epoch. A relaunch under another layout goes on with the samples the epoch
+    has not trained (by samples consumed, not by batch index, which means other samples under
+    another layout), so none is repeated or skipped. A rank holds the arrays of at most
+    `shards_in_memory` of its shards (plus the one being read, and the few samples carried
+    between rounds); 0 holds all of them."""
 
     def __init__(self, data: ShardSet, rank: int, world: int, micro_batch: int, seed: int, num_workers: int,
                  shards_in_memory: int = SHARDS_IN_MEMORY, mask_prob: float | None = None):
         manifest = data.manifest
-        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, str(data.path))
+        self.where = str(data.path)
+        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, self.where)
         self.reader = ShardReader(data.path, manifest)
         # every shard this rank will read, checked now: a missing or changed one stops the launch
         # in one line from every rank, before a step, not one rank hours later (each is checked
@@ -364,47 +423,101 @@ class TrainingBatches:
         self.manifest, self.vocab = manifest, Vocab.load(data.vocab_path)
         self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
+        self.layout = Layout(world, micro_batch, shards_in_memory)
         self.mask_prob = mask_prob  # None: the shards' own rate
         self.epoch, self.batch = 0, 0
+        self.earlier: list[Layout] = []  # the epoch's earlier layouts, each with the batches it trained
+        self._remaining: tuple[tuple, StreamPlan] | None = None
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch}
+        return {"epoch": self.epoch, "batch": self.batch, "layout": vars(self.layout) | {"batches": self.batch},
+                "earlier": [vars(layout) for layout in self.earlier]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> str | None:
+        """Go on from a saved position; under another layout than the saved one, with the epoch's
+        untrained samples, and one line that says so (None otherwise)."""
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self.earlier = [Layout(**layout) for layout in state.get("earlier", [])]
+        saved = Layout(**state["layout"]) if "layout" in state else self.layout  # older checkpoints: as before
+        if saved.deals_as(self.layout):
+            return None
+        self.earlier.append(saved)
+        self.batch = 0
+        done = sum(layout.batches * layout.world * layout.micro_batch for layout in self.earlier)
+        return (f"data: {done:,} samples of epoch {self.epoch} trained on {saved.world} rank(s) × micro-batch "
+                f"{saved.micro_batch}; the rest of the epoch is dealt to {self.layout.world} rank(s) × micro-batch "
+                f"{self.layout.micro_batch} (no sample repeated or skipped), the next epochs as a fresh run's")
+
+    def current_stream(self) -> StreamPlan:
+        """The plan of the current epoch under this layout: the whole epoch's, or, after earlier
+        layouts in it, that of the samples they did not train."""
+        if not self.earlier:
+            return self.stream
+        key = (self.epoch, tuple(self.earlier))
+        if self._remaining is None or self._remaining[0] != key:
+            consumed = np.zeros(0, dtype=np.int64)
+            for k, layout in enumerate(self.earlier):
+                taken = [StreamPlan(self.manifest, r, layout.world, layout.micro_batch, self.seed,
+                                    layout.shards_in_memory, self.where, consumed if k else None, k)
+                         .trained(self.epoch, layout.batches) for r in range(layout.world)]
+                consumed = np.union1d(consumed, np.concatenate(taken))
+            self._remaining = key, StreamPlan(self.manifest, self.rank, self.layout.world, self.layout.micro_batch,
+                                              self.seed, self.layout.shards_in_memory, self.where, consumed,
+                                              len(self.earlier))
+        return self._remaining[1]
 
     def round_arrays(self, rnd: RoundPlan, kept: tuple[np.ndarray, dict] | None) -> tuple[np.ndarray, dict]:
         """The round's samples (those it trains and those it carries on), sorted by id."""
         ids = np.unique(np.concatenate([rnd.plan.ravel(), rnd.carried_out]))
         return ids, self.reader.gather(ids, kept)
 
-    def __iter__(self):
-        kept = None  # the samples carried out of the previous round, with their arrays
+    def rounds(self):
+        """The rounds from the current position on, endlessly (an epoch's last few samples, fewer
+        than a micro-batch per rank, untrained): each RoundPlan with the generator key of its
+        batches' masks and whether the round before it was skipped."""
         while True:
-            for rnd in self.stream.plans(self.epoch):
+            key = (self.epoch, self.rank, *([len(self.earlier)] if self.earlier else []))
+            skipped = False
+            for rnd in self.current_stream().plans(self.epoch):
                 first, batches = rnd.round.first_batch, rnd.round.batches
                 if self.batch >= first + batches and (batches or self.batch > first):
-                    kept = None  # a resumed run skips the rounds it trained; gather finds their carry
+                    skipped = True  # a resumed run skips the rounds it trained; gather finds their carry
                     continue
-                ids, arrays = self.round_arrays(rnd, kept)
+                yield rnd, key, skipped
+                skipped = False
+            self.epoch, self.batch, self.earlier = self.epoch + 1, 0, []
+
+    def sample_ids(self):
+        """The ids of each micro-batch's samples, in training order, without reading a shard (what
+        __iter__ trains; for checks of the data order)."""
+        for rnd, _, _ in self.rounds():
+            for row in rnd.plan[self.batch - rnd.round.first_batch:]:
+                self.batch += 1
+                yield row
+
+    def __iter__(self):
+        kept = None  # the samples carried out of the previous round, with their arrays
+        for rnd, key, skipped in self.rounds():
+            if skipped or rnd.round.index == 0:
                 kept = None
-                maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static, self.mask_prob)
-                dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), first,
-                                          self.batch - first, (self.epoch, self.rank))
-                # its own generator: a loader drawing its worker seed from the global RNG would shift
-                # dropout after a resume, which creates the loader at another point of the run
-                loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
-                                    prefetch_factor=4 if self.num_workers else None,
-                                    generator=torch.Generator().manual_seed(self.seed),
-                                    worker_init_fn=_ignore_stop_signals)
-                for batch in loader:
-                    self.batch += 1
-                    yield batch
-                carried_ids = np.sort(rnd.carried_out)
-                carried = np.searchsorted(ids, carried_ids)
-                kept = (carried_ids, {k: v[carried] for k, v in arrays.items()})
-                del loader, dataset, maker, arrays
-            self.epoch, self.batch, kept = self.epoch + 1, 0, None  # an epoch's last few untrained samples
+            first = rnd.round.first_batch
+            ids, arrays = self.round_arrays(rnd, kept)
+            kept = None
+            maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static, self.mask_prob)
+            dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), first, self.batch - first, key)
+            # its own generator: a loader drawing its worker seed from the global RNG would shift
+            # dropout after a resume, which creates the loader at another point of the run
+            loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
+                                prefetch_factor=4 if self.num_workers else None,
+                                generator=torch.Generator().manual_seed(self.seed),
+                                worker_init_fn=_ignore_stop_signals)
+            for batch in loader:
+                self.batch += 1
+                yield batch
+            carried_ids = np.sort(rnd.carried_out)
+            carried = np.searchsorted(ids, carried_ids)
+            kept = (carried_ids, {k: v[carried] for k, v in arrays.items()})
+            del loader, dataset, maker, arrays
 
 
 class ValidationBatches:

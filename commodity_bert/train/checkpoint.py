@@ -51,6 +51,7 @@ except ImportError:
 TAG = re.compile(r"^step_(\d{8})$")
 MODEL_FILE = "mp_rank_00_model_states.pt"
 DIGEST = "digest.json"
+PROGRESS = "progress.json"  # step, samples and batch sizes, readable before an engine exists
 
 
 class CheckpointError(Exception):
@@ -288,6 +289,9 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
     try:
         guarded(lambda: (directory / tag).mkdir(parents=True, exist_ok=True))()
         guarded(torch.save)({**_rng_state(), "rank_state": rank_state or {}}, directory / tag / rng_file(rank))
+        if writer:
+            guarded(atomic_write_text)(directory / tag / PROGRESS, json.dumps(
+                {"step": step, **{k: client_state[k] for k in ("samples", "batch") if k in client_state}}))
         # DeepSpeed's rank 0 would write `latest` before the other ranks finish their files
         engine.save_checkpoint(str(directory), tag=tag, client_state=client_state, save_latest=False)
     finally:
@@ -358,6 +362,15 @@ def newest_intact_weights(directory: Path) -> tuple[str | None, str | None]:
         if weights_damage(directory, tag) is None:
             return tag, f"{broken}: using {tag}, the newest intact one"
     return None, f"{broken}, and no older checkpoint there is intact"
+
+
+def progress(step_dir: Path) -> dict | None:
+    """What checkpoint `step_dir` recorded of its step, samples and batch sizes (None: a
+    checkpoint written before it kept them), for the launch to read before it builds an engine."""
+    try:
+        return json.loads((step_dir / PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def latest(directory: Path) -> str | None:

@@ -53,12 +53,14 @@ class OneRankGroup:
 
 
 def build_engine(config: RunConfig | dict, model, mpu: OneRankGroup | None = None,
-                 node_local_checkpoints: bool = False) -> Engine:
+                 node_local_checkpoints: bool = False, batch: tuple[int, int, int] | None = None) -> Engine:
+    """`batch`: (global, micro, accumulation) as the launch resolved them for its world size."""
     config = RunConfig.of(config)
     mode = comm_mode.select(config)
     optimizer, parameters = build_optimizer(config, model)
     ds_config = mode.deepspeed_config(config.for_deepspeed(without_optimizer=optimizer is not None,
-                                                           node_local_checkpoints=node_local_checkpoints))
+                                                           node_local_checkpoints=node_local_checkpoints,
+                                                           batch=batch))
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=parameters,
                                                    config=without_our_monitors(ds_config), mpu=mpu)
     one_pass_master_step(engine)  # fp16/bf16 at ZeRO 0: the wrapper's step on all tensors at once

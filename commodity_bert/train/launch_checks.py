@@ -3,6 +3,7 @@ one clear line instead of a traceback (or a hang) minutes into a multi-node laun
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from commodity_bert.comm import bucketwise, diloco, topology  # noqa: F401  (their sections of the block)
@@ -37,41 +38,120 @@ def load_deepspeed_config(path: str | None, flag: str = "--deepspeed_config") ->
         raise LaunchError(str(exc)) from None
 
 
-def resolve_batch_sizes(config: RunConfig | dict, world_size: int) -> tuple[int, int, int]:
-    """(train_batch_size, micro_batch, accumulation) as DeepSpeed derives them, or an error
-    that says which number to change."""
+BATCH_RULE = ("kept where micro-batch × accumulation × ranks can make it with a micro-batch in [½, 1] × the "
+              "config's, else the nearest multiple of micro-batch × ranks; the schedule is unchanged")
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """What every rank trains with: `total` sequences an optimizer step, `micro` a forward pass,
+    `accumulation` passes a step; `asked` the global batch the config (or the checkpoint being
+    resumed) asked for, which `total` differs from where the world size cannot make it. Unpacks
+    as (total, micro, accumulation)."""
+    total: int
+    micro: int
+    accumulation: int
+    asked: int
+
+    def __iter__(self):
+        return iter((self.total, self.micro, self.accumulation))
+
+    def note(self, world: int, micro_asked: int) -> str | None:
+        """One line where the batch is not the config's as written (None where it is)."""
+        if self.total == self.asked and self.micro == micro_asked:
+            return None
+        what = (f"global batch {self.asked} → {self.total} ({(self.total - self.asked) / self.asked:+.1%})"
+                if self.total != self.asked else f"global batch {self.total} kept")
+        micro = f", micro-batch {micro_asked} → {self.micro}" if self.micro != micro_asked else ""
+        return f"batch: {what} on {ranks(world)}{micro}, accumulation {self.accumulation} ({BATCH_RULE})"
+
+
+def ranks(count: int) -> str:
+    return f"{count} rank" if count == 1 else f"{count} ranks"
+
+
+def fit_global_batch(asked: int, micro: int, world: int) -> BatchSizes:
+    """`asked` sequences a step on `world` ranks with a micro-batch of at most `micro` (BATCH_RULE):
+    exact where the ranks' share has a divisor in [micro/2, micro] (the largest); otherwise micro
+    (at most the ranks' share) × the nearest whole accumulation × world."""
+    if asked % world == 0:
+        share = asked // world
+        top = min(micro, share)
+        for m in range(top, (top + 1) // 2 - 1, -1):
+            if share % m == 0:
+                return BatchSizes(asked, m, share // m, asked)
+    micro = max(1, min(micro, round(asked / world)))
+    accumulation = max(1, round(asked / (micro * world)))
+    return BatchSizes(micro * accumulation * world, micro, accumulation, asked)
+
+
+def resolve_batch_sizes(config: RunConfig | dict, world_size: int) -> BatchSizes:
+    """(train_batch_size, micro_batch, accumulation) for `world_size` ranks, or an error that says
+    which number to change. A config that fixes the global batch (`train_batch_size`) keeps it
+    where the world size can make it, and otherwise trains the nearest one (BATCH_RULE, said at
+    launch): clusters of 10, 6 or 12 GPUs cannot divide the recipes' powers of two. A config that
+    fixes micro-batch and accumulation instead trains micro × accumulation × ranks."""
     config = run_config(config)
     total, micro, accumulation = config.train_batch_size, config.micro_batch, config.accumulation
     for name, value in (("train_batch_size", total), ("train_micro_batch_size_per_gpu", micro),
                         ("gradient_accumulation_steps", accumulation)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise LaunchError(f"{name} = {value!r} in the DeepSpeed config; it must be a positive integer")
-    if micro is None and total is not None:
+    if total is None:
+        if micro is None:
+            raise LaunchError("set train_micro_batch_size_per_gpu (and train_batch_size or "
+                              "gradient_accumulation_steps) in the DeepSpeed config")
         accumulation = accumulation or 1
-        if total % (accumulation * world_size):
-            raise LaunchError(f"train_batch_size {total} is not divisible by gradient_accumulation_steps "
-                              f"{accumulation} × {world_size} ranks")
-        micro = total // (accumulation * world_size)
-    if micro is None:
-        raise LaunchError("set train_micro_batch_size_per_gpu (and train_batch_size or "
-                          "gradient_accumulation_steps) in the DeepSpeed config")
-    if accumulation is None:
-        if total is None:
-            accumulation = 1
-        elif total % (micro * world_size):
-            raise LaunchError(f"train_batch_size {total} is not a multiple of train_micro_batch_size_per_gpu "
-                              f"{micro} × {world_size} ranks; change train_batch_size or the micro-batch")
-        else:
-            accumulation = total // (micro * world_size)
-    expected = micro * accumulation * world_size
-    if total is not None and total != expected:
-        raise LaunchError(f"train_batch_size {total} ≠ train_micro_batch_size_per_gpu {micro} × "
-                          f"gradient_accumulation_steps {accumulation} × {world_size} ranks = {expected}; "
-                          f"fix one of them for this world size")
-    return expected, micro, accumulation
+        return BatchSizes(micro * accumulation * world_size, micro, accumulation, micro * accumulation * world_size)
+    if micro is not None and accumulation is not None:
+        expected = micro * accumulation * world_size
+        if total != expected:
+            raise LaunchError(f"train_batch_size {total} ≠ train_micro_batch_size_per_gpu {micro} × "
+                              f"gradient_accumulation_steps {accumulation} × {world_size} ranks = {expected}; "
+                              f"drop gradient_accumulation_steps to let it follow from the world size, or fix "
+                              f"one of them")
+        return BatchSizes(total, micro, accumulation, total)
+    if micro is None:  # the global batch and accumulation given: the micro-batch follows
+        accumulation = accumulation or 1
+        micro = max(1, -(-total // (accumulation * world_size)))
+    return fit_global_batch(total, micro, world_size)
 
 
-def check_deepspeed_config(config: RunConfig | dict, world_size: int) -> tuple[int, int, int]:
+def batch_for_resume(config: RunConfig | dict, world_size: int, saved: dict, tag: str,
+                     allow_change: bool) -> tuple[BatchSizes, str | None]:
+    """The batch sizes a run resumed from checkpoint `tag` trains with on `world_size` ranks: its
+    global batch (`saved`: what the checkpoint recorded) with a micro-batch of at most the
+    config's, and one line naming what changed against the checkpoint (None: nothing did). Where
+    the world size cannot make that global batch, a LaunchError naming the flag that accepts the
+    change (`allow_change`: the config's batch for this world size instead)."""
+    config = run_config(config)
+    fresh = resolve_batch_sizes(config, world_size)
+    micro_asked = config.micro_batch or fresh.micro
+    total = saved["global_batch"]
+    kept = fit_global_batch(total, micro_asked, world_size)
+    if kept.total == total:
+        batch = kept
+    elif allow_change:
+        batch = fresh
+    else:
+        raise LaunchError(f"{tag} trained at global batch {total} ({ranks(saved['world_size'])} × micro-batch "
+                          f"{saved['micro_batch']} × accumulation {saved['accumulation']}); {ranks(world_size)} with a "
+                          f"micro-batch of at most {micro_asked} cannot make it (the nearest is {kept.total}); relaunch "
+                          f"on a world size that divides {total}, or give --allow-batch-change to go on at "
+                          f"{fresh.total} a step ({world_size} × {fresh.micro} × {fresh.accumulation})")
+    changes = [f"{name} {before} → {after}" for name, before, after in (
+        ("ranks", saved["world_size"], world_size), ("micro-batch", saved["micro_batch"], batch.micro),
+        ("accumulation", saved["accumulation"], batch.accumulation), ("global batch", total, batch.total))
+        if before != after]
+    if not changes and batch.micro == micro_asked:
+        return batch, None
+    kept_line = f"global batch {total} kept" if batch.total == total else "--allow-batch-change"
+    asked = f"; the config asks micro-batch {micro_asked}" if batch.micro != micro_asked else ""
+    return batch, (f"relaunch against {tag}: {', '.join(changes) or f'micro-batch {batch.micro} kept'} "
+                   f"({kept_line}{asked})")
+
+
+def check_deepspeed_config(config: RunConfig | dict, world_size: int) -> BatchSizes:
     config = run_config(config)
     if not config.optimizer_type:
         raise LaunchError(f'the DeepSpeed config has no "optimizer": {{"type": ...}}; use one of {supported()}')
