@@ -55,7 +55,7 @@ from commodity_bert.model.sections import activation_checkpointing, attention_la
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
-from commodity_bert.train import checkpoint, downstream_watcher, failures
+from commodity_bert.train import checkpoint, downstream_watcher, failures, run_lock
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
@@ -330,6 +330,23 @@ def fit_to_checkpoint(args, inputs: CheckedInputs, step_dir: Path) -> CheckedInp
     return inputs._replace(batch=batch, batches=batches, val_batches=val_batches)
 
 
+def hold_the_run(run_dir: Path) -> run_lock.RunLock | None:
+    """Rank 0 holds RUN for this launch (run_lock.py); a RUN a live launch holds stops every rank,
+    in one line naming its host and process, before anything in it is touched."""
+    held, problem = None, [None]
+    if dist.get_rank() == 0:
+        try:
+            held = run_lock.hold(run_dir)
+        except run_lock.RunHeld as exc:
+            problem[0] = str(exc)
+        except OSError as exc:
+            problem[0] = f"--output-dir {run_dir}: cannot write there ({exc.strerror or exc}); give a directory you can write"
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        fail(problem[0])
+    return held
+
+
 def intact_weights_to_start_from(directory: Path) -> str:
     """--init-from a checkpoint directory: the newest checkpoint whose weights its digest vouches
     for (the directory is another run's: read, never changed), the same on every rank, said in one
@@ -486,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     inputs = check_inputs(args, device)
     data, batches, max_steps = inputs.data, inputs.batches, inputs.max_steps
+    held = hold_the_run(run_dir)
     node_local, resume_dir, resume_tag = checkpoint_place(args, run_dir)
     if resume_tag is not None:
         inputs = fit_to_checkpoint(args, inputs, resume_dir / resume_tag)
@@ -522,6 +540,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.export_only:
         export()
         dist.barrier()
+        if held:
+            held.release()
         return
     run_config = start_records(run_dir, args, inputs, ds_config, mode.name, model_config, node_local)
     if args.watch_downstream:
@@ -636,6 +656,8 @@ def main(argv: list[str] | None = None) -> None:
         write_summary(run_dir, summary)
     metrics.close(summary if rank == 0 else None)
     dist.barrier()
+    if held:
+        held.release()
 
 
 if __name__ == "__main__":

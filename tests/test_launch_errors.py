@@ -310,3 +310,42 @@ def test_a_shard_that_fails_mid_run_is_held_and_the_last_batch_stands_in():
     next(stream)
     with pytest.raises(DataError):
         fresh.next_batch(stream)
+
+
+def test_a_run_a_live_launch_holds_is_refused_and_a_killed_ones_lock_is_not(tmp_path, capsys):
+    """A double submit: while one launch holds RUN (here a process holding it as train.py's rank 0
+    does), another is refused in one line naming that host and process, before anything in RUN
+    is touched; once the holder is SIGKILLed, its lock file left behind, the relaunch takes RUN."""
+    import signal
+    import socket
+
+    import train as train_module
+    run = tmp_path / "run"
+    ready_r, ready_w = os.pipe()
+    holder = os.fork()
+    if holder == 0:
+        try:
+            from commodity_bert.train import run_lock
+            held = run_lock.hold(run)  # noqa: F841 - held while the process lives
+            os.write(ready_w, b"x")
+            time.sleep(300)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        status, err = refused_in_process(lambda: train_module.hold_the_run(run), capsys)
+        [line] = [line for line in err.splitlines() if "train.py: error:" in line]
+        assert status == 2
+        assert line.startswith(f"train.py: error: {run} is in use by a live launch: process {holder} on host "
+                               f"{socket.gethostname()} (started ")
+        assert line.endswith(f"holds {run / '.launch.lock'}; wait for it to end or stop it, or give another "
+                             f"--output-dir")
+        assert sorted(p.name for p in run.iterdir()) == [".launch.lock"]
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+    from conftest import one_rank_group
+    with one_rank_group():
+        held = train_module.hold_the_run(run)
+    assert json.loads((run / ".launch.lock").read_text())["pid"] == os.getpid()
+    held.release()
