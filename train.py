@@ -36,6 +36,7 @@ from commodity_bert.comm.topology import Topology
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.host import atomic_write_text, device_name, speaker
+from commodity_bert.launch.environment import adopt_launcher_environment
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -496,6 +497,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     """One training run; `argv` as on the command line (benchmarks/gpu/session.py runs several in
     one process, as a lent GPU's minutes cannot pay a launch per check)."""
+    adopt_launcher_environment()  # torchrun's or srun's names for the rank, before --local_rank's default is read
     args = parse_args(argv)
     run_dir = Path(args.output_dir)
     failures.keep_tracebacks_in(run_dir / "errors")

@@ -96,6 +96,26 @@ def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
+def test_torchrun_on_two_hosts(cluster, data, one_host_run, tmp_path):
+    """torchrun on each host, meeting through its c10d rendezvous on node1: its ranks are told
+    their node's size as LOCAL_WORLD_SIZE and their node as GROUP_RANK (launch/environment.py),
+    and train as DeepSpeed's launcher's do."""
+    run = tmp_path / "run"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    nodes = [cluster.popen(i, [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", f"{cluster.addresses[0]}:29616", "--rdzv-id", "bert",
+                               # the namespace hosts' names resolve nowhere (a cluster's do): node1 is told
+                               # it hosts the rendezvous, each host the address it is reached at
+                               "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", cluster.addresses[i],
+                               *train_args(data, run)],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    for node, output in zip(nodes, outputs):
+        assert node.returncode == 0, output[-4000:]
+    assert_same_run_on_two_hosts(run, one_host_run)
+
+
 def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     run = tmp_path / "run"
     command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",

@@ -7,6 +7,7 @@ The runs of the two jobs (preempted; out of time, then a node lost) are trained 
 compared with each other: both are the same 2-rank run, stopped at different steps."""
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -229,3 +230,24 @@ def test_bert_ablate_submits_its_runs_as_a_job_array_and_the_report_after_them(s
     assert summary["step"] == 256 // 32 and summary["stopped_by"] == "max steps"
     assert "pretrain.sbatch: finished at step 8" in (Path(good["run_dir"]) / "train.log").read_text()
     assert "Nonesuch" in (out / "results.md").read_text()
+
+
+def test_a_bare_srun_trains_across_nodes_and_its_usr1_checkpoints_and_exits_0(slurm, train_data, tmp_path,
+                                                                                out_of_time):
+    """`srun python train.py` with no launcher: each task takes its rank, world, node and the
+    rendezvous from Slurm's variables (launch/environment.py); Slurm's USR1 to the step reaches
+    every rank, which checkpoint and exit 0."""
+    run = tmp_path / "run"
+    command = shlex.join([sys.executable, "-u", "train.py", "--deepspeed_config", str(CPU_CONFIG), "--model", "tiny",
+                          "--data", str(train_data), "--output-dir", str(run), *train_flags(STEPS).split()])
+    job = slurm.sbatch("-N", "2", "--ntasks-per-node", "1", "--chdir", str(REPO), "--output",
+                       str(tmp_path / "job-%j.out"), "--wrap", f"srun {command}", env=slurm.env(GLOO_SOCKET_IFNAME="eth0"))
+    wait_for(lambda: len(rows(run)) >= 3, 240, "the srun job's training", lambda: log_of(tmp_path, job))
+    slurm.run("scancel", "--signal=USR1", job)
+    fields = slurm.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    log = log_of(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", log[-4000:]
+    [step] = stopped_at(log)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["hosts"] == ["node1", "node2"] and summary["stopped_by"] == "signal" and summary["step"] == step
+    assert (run / "checkpoints" / f"step_{step:08d}" / "progress.json").is_file()

@@ -133,3 +133,26 @@ def test_topology_choices_from_the_node_keys():
         "hierarchy enabled 'yes': give \"auto\", true or false"
     assert problem({"commodity_bert": {"hierarchy": {"enabled": False}}}) is None
     assert problem({}) is None
+
+
+def test_torchrun_and_srun_name_the_rank_as_deepspeeds_launcher_does():
+    """Uneven nodes under a bare srun (4 + 4 + 2 tasks): the last node's second task is rank 9 of
+    10, local rank 1 of its node's 2, on node 2, meeting at the step's first host; torchrun's
+    LOCAL_WORLD_SIZE and GROUP_RANK become LOCAL_SIZE and CROSS_RANK; what is set stays."""
+    from commodity_bert.launch.environment import expand_hostlist, launched_by, rank_environment
+    assert expand_hostlist("gpu[08-10,12],login1") == ["gpu08", "gpu09", "gpu10", "gpu12", "login1"]
+    srun = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "10", "SLURM_NODEID": "2",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_STEP_NODELIST": "localhost,gpu[02-03]",
+            "SLURM_JOB_ID": "4321987"}
+    assert launched_by(srun) == "srun"
+    assert rank_environment(srun) == {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "10", "LOCAL_SIZE": "2",
+                                      "CROSS_RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "16987"}
+    assert rank_environment({**srun, "MASTER_PORT": "29500"})["MASTER_ADDR"] == "localhost"
+    assert "MASTER_PORT" not in rank_environment({**srun, "MASTER_PORT": "29500"})
+    torchrun = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2",
+                "TORCHELASTIC_RUN_ID": "bert", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert launched_by(torchrun) == "torchrun"
+    assert rank_environment(torchrun) == {"LOCAL_SIZE": "2", "CROSS_RANK": "2"}
+    deepspeed = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_SIZE": "2", "CROSS_RANK": "0",
+                 "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}  # bert-launch under srun: DeepSpeed's names
+    assert launched_by(deepspeed) == "deepspeed" and rank_environment(deepspeed) == {}
