@@ -294,16 +294,20 @@ class ForkedRanks:
     line from one rank, signals, the launcher's status) a test starts it: launch_cmd."""
 
     def __init__(self, ranks: int, *args, timeout: float = 600, nodes: list | None = None,
-                 master_addr: str = "127.0.0.1", node_args: list[list] | None = None):
+                 master_addr: str = "127.0.0.1", node_args: list[list] | None = None,
+                 ranks_per_node: list[int] | None = None):
         """`nodes`: one entry a node, None or a callable that moves a forked rank onto that node
-        (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them.
-        `node_args`: each node's arguments after `args` (a directory of its own)."""
+        (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them,
+        or `ranks_per_node` a node (a hostfile's unequal slots). `node_args`: each node's arguments
+        after `args` (a directory of its own)."""
         import train as train_py  # once per worker: every fork starts with it
         self.argv, self.deadline = [str(a) for a in args], time.monotonic() + timeout
         self.timeout, self.status, self.failed_at, self.first_failure = timeout, {}, None, 0
         self.folder = tempfile.TemporaryDirectory(prefix="ranks_")
         self.out, self.err = Path(self.folder.name) / "stdout", Path(self.folder.name) / "stderr"
-        port, nodes = free_port(), nodes or [None] * len(node_args or [[]])
+        port, nodes = free_port(), nodes or [None] * len(node_args or ranks_per_node or [[]])
+        self.ranks_per_node = ranks_per_node or [ranks // len(nodes)] * len(nodes)
+        assert sum(self.ranks_per_node) == ranks and len(self.ranks_per_node) == len(nodes)
         self.node_args = [[str(a) for a in extra] for extra in node_args or [[]] * len(nodes)]
         self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr)
                      for rank in range(ranks)]
@@ -327,8 +331,9 @@ class ForkedRanks:
                     # is a property (logging's last resort) looks up sys.stderr itself
                     if "stream" in vars(handler) and not isinstance(handler, logging.FileHandler):
                         handler.stream = sys.stdout if logger.name == "DeepSpeed" else sys.stderr
-            per_node = world // len(nodes)
-            node, local_rank = divmod(rank, per_node)
+            firsts = [sum(self.ranks_per_node[:n]) for n in range(len(nodes))]
+            node = max(n for n, first in enumerate(firsts) if first <= rank)
+            local_rank, per_node = rank - firsts[node], self.ranks_per_node[node]
             if nodes[node] is not None:
                 nodes[node]()
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world),

@@ -383,7 +383,7 @@ def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets
     assert len(np.unique(resumed)) == len(resumed)  # none twice
     world, micro = layouts[-1][:2]
     assert total - len(resumed) < world * (micro + strata)  # the last layout's few, as a fresh run leaves
-    assert all(f"the rest of the epoch is dealt to" in line for line in lines)
+    assert all("the rest of the epoch is dealt to" in line for line in lines)
     # the next epoch: the last layout's own plan, as a fresh run under it deals it
     fresh = ranks(*layouts[-1])
     assert np.array_equal(next(group[0].sample_ids()), next(iter(fresh[0].stream.plans(1))).plan[0])

@@ -116,6 +116,22 @@ def test_torchrun_on_two_hosts(cluster, data, one_host_run, tmp_path):
     assert_same_run_on_two_hosts(run, one_host_run)
 
 
+def test_lamb_on_unequal_nodes_trains_as_the_same_ranks_on_one_host(cluster, data, tmp_path):
+    """A hostfile of node1 slots=2 and node2 slots=1 (ranks forked onto the hosts with the
+    launcher's environment): 3 ranks, a global batch of 96, the losses of 3 ranks on one host."""
+    one, two = tmp_path / "one_host", tmp_path / "two_hosts"
+    checked(ForkedRanks(3, *train_args(data, one)[1:]).wait())
+    proc = checked(ForkedRanks(3, *train_args(data, two)[1:], ranks_per_node=[2, 1],
+                               nodes=[partial(cluster.enter, h) for h in range(2)],
+                               master_addr=cluster.addresses[0]).wait())
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["hosts"] == ["node1", "node1", "node2"] and summary["params_identical_across_ranks"]
+    assert [r[0] for r in losses(two)] == [5, 10] and "Traceback" not in proc.stderr
+    assert json.loads((two / "metrics.jsonl").read_text().splitlines()[0])["samples"] == 5 * 96
+    for a, b in zip(losses(two), losses(one)):
+        assert a[1:] == pytest.approx(b[1:], rel=1e-5, abs=1e-6)
+
+
 def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     run = tmp_path / "run"
     command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",
