@@ -36,7 +36,7 @@ from commodity_bert.comm.topology import Topology
 from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.host import atomic_write_text, device_name, speaker
-from commodity_bert.launch.environment import adopt_launcher_environment
+from commodity_bert.launcher_env import adopt_launcher_environment
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -284,7 +284,9 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
         check_command_line(args)
         config = load_deepspeed_config(args.deepspeed_config)
         batch = check_deepspeed_config(config, world)
-        check_against_device(config, device.type == "cuda")
+        check_against_device(config, device.type == "cuda", path=args.deepspeed_config,
+                             bf16_native=device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 8,
+                             device_name=device_name(device))
         if rank == 0 and (trouble := monitor_problem(config.given, Path(args.output_dir))):  # rank 0 logs
             raise LaunchError(trouble)
         data = ShardSet.open(args.data)

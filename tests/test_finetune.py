@@ -2,6 +2,7 @@
 the tiny model the shared 30-step pretraining run (run30) exported, and its real checkpoints."""
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -717,3 +718,31 @@ def test_head_init_probe_starts_the_head_as_the_probe_on_frozen_features(run30, 
         expected = probe.fit(scaled, np.asarray(train.labels)).predict_proba(scaled)
         assert np.abs(head.numpy() - expected).max() < 2e-3, task.label_names  # float32 head, float64 sklearn
         assert expected.std(0).max() > 1e-3, "a probe that says the same for every row tests nothing"
+
+
+def test_auto_precision_is_fp16_with_a_loss_scale_on_gpus_without_bf16(capsys):
+    """V100, T4 and RTX 20xx (compute capability 7.x) compute in fp16, not bf16 (which torch's
+    is_bf16_supported() counts as supported, emulated); fp16 on a CPU is refused in one line."""
+    import torch
+    from commodity_bert.finetune.cli import pick_precision
+    from commodity_bert.finetune.trainer import Hyperparameters, fit
+    cuda = torch.device("cuda", 0)
+    assert pick_precision("auto", cuda, capability=(7, 5)) == "fp16"
+    assert pick_precision("auto", cuda, capability=(8, 6)) == "bf16"
+    assert pick_precision("fp32", cuda, capability=(7, 0)) == "fp32"
+    with pytest.raises(SystemExit):
+        pick_precision("fp16", torch.device("cpu"))
+    assert "--precision fp16 needs a GPU" in capsys.readouterr().err
+    # the fp16 step itself (autocast and torch's GradScaler, here on the CPU): it trains
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+    from commodity_bert.finetune.trainer import autocast
+
+    def loss_of(rows):
+        with autocast("cpu", "fp16"):
+            return torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
+    hp = Hyperparameters(epochs=1, lr=1e-2, batch_size=16, max_seq_len=8, warmup_fraction=0.0, weight_decay=0.0,
+                         dropout=0.0, precision="fp16")
+    losses = fit(model, [8] * 64, loss_of, 40, seed=1, hp=hp, progress=False, label="fp16")
+    assert all(map(math.isfinite, losses)) and sum(losses[-8:]) < sum(losses[:8])

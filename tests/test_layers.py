@@ -9,7 +9,8 @@ from conftest import REPO
 # lowest first; a module may import its own package and the packages of lower layers only
 LAYERS = (
     # read by every layer
-    ("commodity_bert.run_config", "commodity_bert.run_dir", "commodity_bert.cli_help", "commodity_bert.host"),
+    ("commodity_bert.run_config", "commodity_bert.run_dir", "commodity_bert.cli_help", "commodity_bert.host",
+     "commodity_bert.launcher_env"),
     ("commodity_bert.data", "commodity_bert.model", "commodity_bert.collectives"),
     ("commodity_bert.optim",),
     ("commodity_bert.comm",),

@@ -98,7 +98,7 @@ def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
 @pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
 def test_torchrun_on_two_hosts(cluster, data, one_host_run, tmp_path):
     """torchrun on each host, meeting through its c10d rendezvous on node1: its ranks are told
-    their node's size as LOCAL_WORLD_SIZE and their node as GROUP_RANK (launch/environment.py),
+    their node's size as LOCAL_WORLD_SIZE and their node as GROUP_RANK (commodity_bert/launcher_env.py),
     and train as DeepSpeed's launcher's do."""
     run = tmp_path / "run"
     torchrun = str(Path(sys.executable).parent / "torchrun")

@@ -235,7 +235,7 @@ def test_bert_ablate_submits_its_runs_as_a_job_array_and_the_report_after_them(s
 def test_a_bare_srun_trains_across_nodes_and_its_usr1_checkpoints_and_exits_0(slurm, train_data, tmp_path,
                                                                                 out_of_time):
     """`srun python train.py` with no launcher: each task takes its rank, world, node and the
-    rendezvous from Slurm's variables (launch/environment.py); Slurm's USR1 to the step reaches
+    rendezvous from Slurm's variables (commodity_bert/launcher_env.py); Slurm's USR1 to the step reaches
     every rank, which checkpoint and exit 0."""
     run = tmp_path / "run"
     command = shlex.join([sys.executable, "-u", "train.py", "--deepspeed_config", str(CPU_CONFIG), "--model", "tiny",

@@ -139,7 +139,7 @@ def test_torchrun_and_srun_name_the_rank_as_deepspeeds_launcher_does():
     """Uneven nodes under a bare srun (4 + 4 + 2 tasks): the last node's second task is rank 9 of
     10, local rank 1 of its node's 2, on node 2, meeting at the step's first host; torchrun's
     LOCAL_WORLD_SIZE and GROUP_RANK become LOCAL_SIZE and CROSS_RANK; what is set stays."""
-    from commodity_bert.launch.environment import expand_hostlist, launched_by, rank_environment
+    from commodity_bert.launcher_env import expand_hostlist, launched_by, rank_environment
     assert expand_hostlist("gpu[08-10,12],login1") == ["gpu08", "gpu09", "gpu10", "gpu12", "login1"]
     srun = {"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_STEP_NUM_TASKS": "10", "SLURM_NODEID": "2",
             "SLURM_STEP_TASKS_PER_NODE": "4(x2),2", "SLURM_STEP_NODELIST": "localhost,gpu[02-03]",

@@ -124,29 +124,34 @@ def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
 
 @dataclass(frozen=True)
 class RemainingShare:
-    """What one rank trains of one shard in the rest of an epoch that earlier layouts trained
-    `consumed` of (sorted ids, every shard's): every `step`-th of the samples left in each stratum,
-    from `first`, so the ranks' shares differ by at most one sample per stratum, as a fresh
-    layout's do, and none of the samples left stays untrained for want of a rank to take it."""
+    """What one rank trains of one shard in the rest of an epoch: every `step`-th of the samples
+    the epoch's earlier layouts left in each stratum (`left`, shared by every rank's share), from
+    `first`, so the ranks' shares differ by at most one sample per stratum, as a fresh layout's
+    do, and none of the samples left stays untrained for want of a rank to take it."""
     shard: int
-    sizes: tuple[int, ...]
-    consumed: np.ndarray
+    left: tuple[np.ndarray, ...]
     first: int
     step: int
 
     def ids(self, stratum: int) -> np.ndarray:
-        ids = sample_ids(self.shard, stratum, np.arange(self.sizes[stratum]))
-        lo, hi = np.searchsorted(self.consumed, [ids[0], ids[-1] + 1]) if len(ids) else (0, 0)
-        return ids[~np.isin(ids, self.consumed[lo:hi], assume_unique=True)][self.first::self.step]
+        return self.left[stratum][self.first::self.step]
 
     def counts(self) -> np.ndarray:
-        return np.array([len(self.ids(s)) for s in range(len(self.sizes))], dtype=np.int64)
+        return np.array([len(range(self.first, len(ids), self.step)) for ids in self.left], dtype=np.int64)
 
 
-def remaining_shares(manifest: dict, rank: int, world: int, consumed: np.ndarray) -> list[RemainingShare]:
-    """Rank `rank`'s part of the samples an epoch has left after `consumed`: a share of every shard."""
-    return [RemainingShare(k, tuple(e["strata_counts"]), consumed, rank, world)
-            for k, e in enumerate(manifest["splits"]["train"]["shards"])]
+def samples_left(manifest: dict, consumed: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+    """Per shard and stratum, the ids an epoch has not trained (`consumed`: sorted ids): 8 bytes
+    a sample, worked out once for every rank's shares."""
+    left = []
+    for k, entry in enumerate(manifest["splits"]["train"]["shards"]):
+        per_stratum = []
+        for s, size in enumerate(entry["strata_counts"]):
+            ids = sample_ids(k, s, np.arange(size))
+            lo, hi = np.searchsorted(consumed, [ids[0], ids[-1] + 1]) if size else (0, 0)
+            per_stratum.append(ids[~np.isin(ids, consumed[lo:hi], assume_unique=True)])
+        left.append(tuple(per_stratum))
+    return left
 
 
 def round_schedule(rank_counts: np.ndarray, micro_batch: int) -> np.ndarray:
@@ -202,19 +207,19 @@ class StreamPlan:
     in the epoch (batch index) is enough to rebuild everything on resume."""
 
     def __init__(self, manifest: dict, rank: int, world: int, micro_batch: int, seed: int,
-                 shards_in_memory: int, where: str = "data", consumed: np.ndarray | None = None, segment: int = 0):
-        """`consumed`, `segment`: the plan of the rest of an epoch, after `segment` earlier layouts
-        (TrainingBatches.layouts) trained the `consumed` samples; its generators are its own."""
+                 shards_in_memory: int, where: str = "data", left: list | None = None, segment: int = 0):
+        """`left`, `segment`: the plan of the rest of an epoch, after `segment` earlier layouts
+        (TrainingBatches.earlier) left these samples (samples_left); its generators are its own."""
         self.rank, self.micro_batch, self.seed = rank, micro_batch, seed
         self.num_strata = manifest["num_strata"]
         self.salt = [segment] if segment else []  # the first layout's draws as they always were
-        self.shares = [rank_shares(manifest, r, world) if consumed is None else
-                       remaining_shares(manifest, r, world, consumed) for r in range(world)]
+        self.shares = [rank_shares(manifest, r, world) if left is None else
+                       [RemainingShare(k, ids, r, world) for k, ids in enumerate(left)] for r in range(world)]
         self.counts = np.array([[share.counts() for share in shares] for shares in self.shares])  # [W, n, S]
         n = len(self.shares[rank])
         self.window = n if shards_in_memory <= 0 else min(shards_in_memory, n)
         self._cache: dict[int, list[Round]] = {}
-        if consumed is None and self.batches_in_epoch(0) == 0:
+        if left is None and self.batches_in_epoch(0) == 0:
             raise DataError(f"{where}: too few training samples for a micro-batch of {micro_batch} on "
                             f"{world} ranks; make more data or use a smaller micro-batch")
 
@@ -455,14 +460,15 @@ class TrainingBatches:
             return self.stream
         key = (self.epoch, tuple(self.earlier))
         if self._remaining is None or self._remaining[0] != key:
-            consumed = np.zeros(0, dtype=np.int64)
+            consumed, left = np.zeros(0, dtype=np.int64), None
             for k, layout in enumerate(self.earlier):
                 taken = [StreamPlan(self.manifest, r, layout.world, layout.micro_batch, self.seed,
-                                    layout.shards_in_memory, self.where, consumed if k else None, k)
+                                    layout.shards_in_memory, self.where, left, k)
                          .trained(self.epoch, layout.batches) for r in range(layout.world)]
                 consumed = np.union1d(consumed, np.concatenate(taken))
+                left = samples_left(self.manifest, consumed)
             self._remaining = key, StreamPlan(self.manifest, self.rank, self.layout.world, self.layout.micro_batch,
-                                              self.seed, self.layout.shards_in_memory, self.where, consumed,
+                                              self.seed, self.layout.shards_in_memory, self.where, left,
                                               len(self.earlier))
         return self._remaining[1]
 

@@ -108,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     hp.add_argument("--warmup-fraction", type=float, default=0.1)
     hp.add_argument("--weight-decay", type=float, default=0.01)
     hp.add_argument("--dropout", type=float, default=0.1)
-    hp.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                    help="auto: bf16 autocast on GPUs with bf16 and on CPUs with AVX-512 BF16, else fp32")
+    hp.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                    help="auto: bf16 autocast on GPUs with bf16 (compute capability 8.0+) and on CPUs with "
+                         "AVX-512 BF16; fp16 autocast with a loss scale on older GPUs (V100, T4, RTX 20xx); "
+                         "else fp32")
     hp.add_argument("--random-init", action="store_true",
                     help="also fine-tune the same architecture from random weights, with the same seeds")
     run = p.add_argument_group("where and how")
@@ -223,12 +225,17 @@ def pick_device(requested: str):
     return device
 
 
-def pick_precision(requested: str, device) -> str:
+def pick_precision(requested: str, device, capability: tuple[int, int] | None = None) -> str:
+    """--precision auto's choice: bf16 where the device computes in it, fp16 on GPUs that do not
+    (torch.cuda.is_bf16_supported() says True there too: it counts emulation), else fp32."""
+    if requested == "fp16" and device.type != "cuda":
+        fail("--precision fp16 needs a GPU (on a CPU it is emulated, slower than fp32); use bf16 or fp32")
     if requested != "auto":
         return requested
     import torch
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        major, _ = capability or torch.cuda.get_device_capability(device)
+        return "bf16" if major >= 8 else "fp16"
     try:  # without AVX-512 BF16 a CPU emulates bf16, slower than fp32
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -45,7 +45,7 @@ class Hyperparameters:
     weight_decay: float = 0.01
     dropout: float = 0.1
     max_grad_norm: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scale)
     min_steps: int = 0  # at least this many optimizer steps, whatever the epochs give
     pooling: str = "mean"  # models.POOLINGS
     reinit_layers: int = 0  # the top N encoder layers start fresh (models.classifier)
@@ -163,7 +163,8 @@ def length_grouped_batches(lengths: list[int], batch_size: int, rng: np.random.G
 
 
 def autocast(device, precision: str):
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    return torch.autocast(device_type=torch.device(device).type, enabled=precision in ("bf16", "fp16"),
+                          dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
 
 
 def predict(model, data: Encoded, batch_size: int, pad_id: int, device, precision: str) -> list[int]:
@@ -257,6 +258,9 @@ def fit(model, lengths: list[int], loss_of, total: int, seed: int, hp: Hyperpara
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
     rng = np.random.default_rng(seed)
+    # fp16's narrow range: the loss scaled up for backward and the gradients back down before the
+    # clipping, a step skipped where they overflow (torch's GradScaler); bf16 and fp32 need none
+    scaler = torch.amp.GradScaler(next(model.parameters()).device.type, enabled=hp.precision == "fp16")
     model.train()
     step = 0
     losses = []
@@ -266,9 +270,11 @@ def fit(model, lengths: list[int], loss_of, total: int, seed: int, hp: Hyperpara
             if step >= total:
                 break
             loss = loss_of(rows)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())

@@ -451,7 +451,7 @@ def run(args) -> int:
     from commodity_bert.plan.report import preflight_tables
     from commodity_bert.train.launch_checks import LaunchError, load_deepspeed_config
 
-    from commodity_bert.launch.environment import adopt_launcher_environment
+    from commodity_bert.launcher_env import adopt_launcher_environment
     adopt_launcher_environment()  # torchrun's and srun's names for the rank, as DeepSpeed's launcher gives them
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))

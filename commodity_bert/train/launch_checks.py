@@ -305,9 +305,22 @@ def check_command_line(args) -> None:
         raise LaunchError(f"--time-budget {args.time_budget:g}: give a duration above 0, e.g. 24h")
 
 
-def check_against_device(config: RunConfig | dict, on_cuda: bool) -> None:
-    """What the config asks of the device."""
+def fp16_counterpart(path: str | Path | None) -> str:
+    """The shipped fp16 config beside a bf16 one (bert_base_phase1_lamb_bf16.json: ..._fp16.json)."""
+    name = Path(path).name if path else ""
+    twin = Path(__file__).resolve().parents[2] / "ds_configs" / name.replace("bf16", "fp16")
+    return f"ds_configs/{twin.name}" if "bf16" in name and twin.is_file() else "an fp16 config (ds_configs/*_fp16.json)"
+
+
+def check_against_device(config: RunConfig | dict, on_cuda: bool, bf16_native: bool = True,
+                         path: str | Path | None = None, device_name: str = "this GPU") -> None:
+    """What the config asks of the device. `bf16_native`: whether the GPU computes in bf16 (compute
+    capability 8.0 or more: A100, RTX 30xx/40xx, H100; not V100, T4 or RTX 20xx, where torch
+    emulates it many times slower)."""
     config = run_config(config)
+    if on_cuda and config.bf16 and not bf16_native:
+        raise LaunchError(f'"bf16" is enabled, but {device_name} has no bf16 arithmetic (compute capability below '
+                          f'8.0: V100, T4, RTX 20xx); use {fp16_counterpart(path)}, fp16 with dynamic loss scaling')
     if not on_cuda and config.fp16:
         raise LaunchError('"fp16" is enabled, but fp16 needs a GPU (DeepSpeed\'s CPU accelerator refuses it); on a '
                           'CPU use bf16 (e.g. ds_configs/cpu_quickstart_lamb_bf16.json) or fp32 (e.g. '
