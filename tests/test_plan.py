@@ -175,6 +175,33 @@ def test_compressed_exchanges_in_two_levels_by_hand():
     assert diloco.comm_s == pytest.approx(inside + int8 * 2 * 3 / 4 / 1.25e9 + 2 * 3 * 0.01)
 
 
+def test_unequal_nodes_priced_as_their_cluster_by_hand():
+    """4 + 4 + 2 GPUs: 10 ranks' compute (as 10 on one node), the 1-bit exchange flat among 10 (the
+    two-level exchange falls back on unequal nodes) with a full node's 4 ranks sharing its link."""
+    net = Network(link_bytes_per_s=1.25e9, latency_s=0.01)
+    onebit = 1e8 * 0.140625
+    uneven = step_estimate(work(), "onebit_lamb", "compressed", 3, (4, 4, 2), net)
+    assert uneven.compute_s == pytest.approx(step_estimate(work(), "onebit_lamb", "compressed", 1, 10, net).compute_s)
+    assert uneven.bytes_per_rank == pytest.approx(onebit * 2 * 9 / 10)  # flat among 10
+    assert uneven.comm_s == pytest.approx(4 * onebit * 2 * 9 / 10 * 6 / 9 / 1.25e9 + 4 * 9 * 0.01
+                                          + onebit * 2 * 9 / 10 * 3 / 9 / 25e9)
+    lamb = step_estimate(work(), "lamb", "full", 3, (4, 4, 2), net)
+    assert lamb.comm_s == pytest.approx(step_estimate(work(), "lamb", "full", 3, 4, net).comm_s)  # the 4-GPU ring
+
+
+def test_estimate_cli_prices_a_cluster_of_unequal_nodes(tmp_path, capsys):
+    from commodity_bert.plan.cli import main
+    out = tmp_path / "plan.json"
+    assert main(["estimate", "--gpu-tflops", "71", "--link", "10gbit", "--gpus-per-node", "4,4,2", "--model", "base",
+                 "--optimizer", "lamb,onebit_lamb", "--json", str(out)]) == 0
+    assert "nodes of 4, 4, 2 GPUs (the exchange flat: unequal nodes)" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [(r["optimizer"], r["nodes"], r["gpus"]) for r in rows] == [("lamb", 3, 10), ("onebit_lamb", 3, 10)]
+    code, stderr = refusal(main, ["estimate", "--gpu-tflops", "71", "--link", "10gbit", "--nodes", "2",
+                                  "--gpus-per-node", "4,4,2"], capsys)
+    assert code == 2 and "a list of GPUs per node is one cluster of 3 nodes; drop --nodes" in stderr
+
+
 def test_phase_and_recipe_totals_by_hand():
     w = work(schedule={"freeze_step": 4})
     phase = phase_estimate(w, "onebit_lamb", 4, 1, TEN_GBIT)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from commodity_bert.cli_help import one_line_parser, show_defaults
 from commodity_bert.optim.registry import registered
-from commodity_bert.plan.step_model import MODES, PlanError, recipe_rows, step_models
+from commodity_bert.plan.step_model import MODES, PlanError, recipe_rows, step_models, world_size
 
 PROG = "bert-plan"
 
@@ -89,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--log-every", type=int, default=50,
                       help="train.py's --log-every (the recipes': 50); 0 leaves logging out")
     grid = est.add_argument_group("the grid")
-    grid.add_argument("--nodes", default="1,2,4,8,16,32,64")
-    grid.add_argument("--gpus-per-node", type=int, default=None, help="default: the profile's, else 8")
+    grid.add_argument("--nodes", default=None, help="node counts to price (default 1,2,4,8,16,32,64)")
+    grid.add_argument("--gpus-per-node", default=None,
+                      help="GPUs a node (default: the profile's, else 8), or one count a node for a cluster of "
+                           "unequal nodes, e.g. 4,4,2 (priced as that cluster alone, the exchange flat)")
     grid.add_argument("--optimizer", default="lamb,onebit_lamb,bucketwise", help=f"any of {', '.join(step_models())}")
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
@@ -111,7 +113,14 @@ def estimate(args) -> list[dict]:
         raise PlanError("give --profile profile.json (from bert-plan preflight) or --gpu-tflops X --link RATE")
     if args.recipe and args.config:
         raise PlanError("--recipe and --config: give one (the recipe is the shipped phase-1 + phase-2 configs)")
-    nodes_list = e.parse_list(args.nodes, "--nodes")
+    nodes_list = e.parse_list(args.nodes or "1,2,4,8,16,32,64", "--nodes")
+    per_node = e.parse_list(args.gpus_per_node, "--gpus-per-node") if args.gpus_per_node else None
+    if per_node and len(per_node) > 1:
+        if args.nodes and nodes_list != [len(per_node)]:
+            raise PlanError(f"--nodes {args.nodes} and --gpus-per-node {args.gpus_per_node}: a list of GPUs per "
+                            f"node is one cluster of {len(per_node)} nodes; drop --nodes")
+        nodes_list = [len(per_node)]
+    shape = None if not per_node else per_node[0] if len(set(per_node)) == 1 else tuple(per_node)
     given = [o.strip() for o in args.optimizer.split(",") if o.strip()]
     optimizers = [step_model_of(o) for o in given]
     if None in optimizers or not optimizers:
@@ -120,7 +129,7 @@ def estimate(args) -> list[dict]:
         profile = e.load_profile(args.profile)
         compute = e.compute_from_profile(profile)
         net = e.network_from_profile(profile, args.link, args.latency_ms, args.intra_link)
-        gpus_per_node = args.gpus_per_node or profile.get("gpus_per_node", 1)
+        gpus_per_node = shape or profile.get("gpus_per_node", 1)
         if net.link_bytes_per_s == 0 and max(nodes_list) > 1:
             raise PlanError(f"--profile {args.profile} was measured on one host: it knows no network; add "
                             f"--link RATE (e.g. 10gbit), or run preflight across hosts")
@@ -132,13 +141,14 @@ def estimate(args) -> list[dict]:
                       latency_s=(args.latency_ms if args.latency_ms is not None else 0.05) / 1000)
         if args.intra_link:
             net.intra_bytes_per_s = e.parse_rate(args.intra_link)
-        gpus_per_node = args.gpus_per_node or 8
+        gpus_per_node = shape or 8
     phases, notes = {}, []
     for optimizer in optimizers:
         if args.config:
             config = e.read_config(args.config)
             works = [e.workload("config", config, args.model, args.seq_len, compute, args.vocab_size, args.steps,
-                                args.freeze_step, gpus_per_node, args.log_every, optimizer)]
+                                args.freeze_step, world_size(1, gpus_per_node) if isinstance(gpus_per_node, tuple)
+                                else gpus_per_node, args.log_every, optimizer)]
         else:
             works = [e.workload(phase, e.read_config(path), args.model, seq_len, compute, args.vocab_size, None,
                                 args.freeze_step, log_every=args.log_every, optimizer=optimizer)
@@ -148,7 +158,9 @@ def estimate(args) -> list[dict]:
         phases[optimizer] = works
     rows = recipe_rows(phases, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour)
     what = f"{args.config}" if args.config else f"BERT-{args.model} recipe (phase 1 seq 128 + phase 2 seq 512)"
-    print(f"{what}; {gpus_per_node} GPU(s) per node; {compute.source}; network "
+    layout = (f"nodes of {', '.join(map(str, gpus_per_node))} GPUs (the exchange flat: unequal nodes)"
+              if isinstance(gpus_per_node, tuple) else f"{gpus_per_node} GPU(s) per node")
+    print(f"{what}; {layout}; {compute.source}; network "
           f"{e.default_link_note(net)}")
     print(estimate_table(rows))
     for note in notes:
@@ -158,7 +170,7 @@ def estimate(args) -> list[dict]:
         tmp.write_text(json.dumps(rows, indent=1))
         tmp.replace(args.json)
     if args.plot:
-        estimate_plot(rows, args.plot, f"{what}, {gpus_per_node} GPU(s)/node, {e.default_link_note(net)}")
+        estimate_plot(rows, args.plot, f"{what}, {layout}, {e.default_link_note(net)}")
     return rows
 
 

@@ -95,6 +95,22 @@ def onebit_bytes_per_element(scale_block: int | None) -> float:
     return 1 / 8 + (4 / scale_block if scale_block else 0.0)
 
 
+def world_size(nodes: int, gpus_per_node: int | tuple[int, ...]) -> int:
+    """The ranks of `nodes` nodes of `gpus_per_node` GPUs each, or of nodes as unequal as the
+    tuple says (4, 4, 2: a 10-GPU cluster of three nodes)."""
+    return sum(gpus_per_node) if isinstance(gpus_per_node, tuple) else nodes * gpus_per_node
+
+
+def largest(gpus_per_node: int | tuple[int, ...]) -> int:
+    """The GPUs of the fullest node: on unequal nodes it sets the time of what its ranks do at once
+    (its intra-node ring; the share of its link each of its ranks gets)."""
+    return max(gpus_per_node) if isinstance(gpus_per_node, tuple) else gpus_per_node
+
+
+def unequal(gpus_per_node: int | tuple[int, ...]) -> bool:
+    return isinstance(gpus_per_node, tuple) and len(set(gpus_per_node)) > 1
+
+
 @dataclass
 class Network:
     """What the model needs of a cluster's links: the inter-node network as the rate each node's
@@ -104,8 +120,10 @@ class Network:
     intra_bytes_per_s: float = 200 * GBIT  # PCIe 4.0 x16, when not measured
     intra_latency_s: float = 10e-6
 
-    def allreduce_s(self, size: float, nodes: int, gpus_per_node: int) -> float:
-        """A hierarchical ring allreduce of `size` bytes: within each node, then across nodes."""
+    def allreduce_s(self, size: float, nodes: int, gpus_per_node: int | tuple[int, ...]) -> float:
+        """A hierarchical ring allreduce of `size` bytes: within each node, then across nodes (on
+        unequal nodes, the fullest node's ring inside)."""
+        gpus_per_node = largest(gpus_per_node)
         seconds = 0.0
         if gpus_per_node > 1:
             seconds += (ring_allreduce_bytes(size, gpus_per_node) / self.intra_bytes_per_s
@@ -114,21 +132,23 @@ class Network:
             seconds += ring_allreduce_bytes(size, nodes) / self.link_bytes_per_s + 2 * (nodes - 1) * self.latency_s
         return seconds
 
-    def exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int, two_levels: bool,
-                   fp32_size: float) -> float:
+    def exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int | tuple[int, ...],
+                   two_levels: bool, fp32_size: float) -> float:
         """A compressed exchange of `size` bytes, flat over all ranks or in two levels (the node's
         fp32 buffer of `fp32_size` bytes reduced and gathered inside the node)."""
         if not two_levels:
             return self.pairwise_exchange_s(size, collectives, nodes, gpus_per_node)
+        gpus_per_node = largest(gpus_per_node)
         inside = ring_allreduce_bytes(fp32_size, gpus_per_node) / self.intra_bytes_per_s \
             + 2 * (gpus_per_node - 1) * self.intra_latency_s
         return inside + self.pairwise_exchange_s(size, collectives, nodes, 1)
 
-    def pairwise_exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int) -> float:
+    def pairwise_exchange_s(self, size: float, collectives: int, nodes: int,
+                            gpus_per_node: int | tuple[int, ...]) -> float:
         """A reduce-scatter by all-to-all and an all-gather of `size` bytes (compressed) among all
         W ranks: each rank sends equal parts to its W−1 peers, (W−G)/(W−1) of them on other nodes;
-        a node's G ranks share its link."""
-        world = nodes * gpus_per_node
+        a node's G ranks share its link (on unequal nodes, the fullest node's: the slowest)."""
+        world, gpus_per_node = world_size(nodes, gpus_per_node), largest(gpus_per_node)
         if world == 1:
             return 0.0
         per_rank = ring_allreduce_bytes(size, world)
@@ -183,15 +203,21 @@ class StepEstimate:
         return self.compute_s + self.comm_s
 
 
-def two_levels(work: Workload, nodes: int, gpus_per_node: int) -> bool:
-    """Whether the compressed exchanges run in two levels, as comm/topology.py chooses."""
+def two_levels(work: Workload, nodes: int, gpus_per_node: int | tuple[int, ...]) -> bool:
+    """Whether the compressed exchanges run in two levels, as comm/topology.py chooses (not on
+    unequal nodes, where it falls back to the flat exchange)."""
+    if unequal(gpus_per_node):
+        return False
+    gpus_per_node = largest(gpus_per_node)
     return gpus_per_node > 1 and (work.hierarchy is True or (work.hierarchy == "auto" and nodes > 1))
 
 
-def compressed_bytes_per_rank(size: float, fp32_size: float, nodes: int, gpus_per_node: int, levels: bool) -> float:
+def compressed_bytes_per_rank(size: float, fp32_size: float, nodes: int, gpus_per_node: int | tuple[int, ...],
+                              levels: bool) -> float:
     """What one rank sends for a compressed exchange of `size` bytes (the metrics' bytes_sent)."""
     if not levels:
-        return ring_allreduce_bytes(size, nodes * gpus_per_node)
+        return ring_allreduce_bytes(size, world_size(nodes, gpus_per_node))
+    gpus_per_node = largest(gpus_per_node)
     return ring_allreduce_bytes(fp32_size, gpus_per_node) + ring_allreduce_bytes(size / gpus_per_node, nodes)
 
 
@@ -215,7 +241,7 @@ def plan_of(optimizer: str) -> StepPlan | None:
     return plan
 
 
-def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int,
+def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_per_node: int | tuple[int, ...],
                   net: Network) -> StepEstimate:
     """One step of `optimizer` at `stage` (one of stage_steps' kinds: an optimizer's own, or
     DiLoCo's). The metrics' gradient norm sends nothing (grad_norm.py); the logged rows' own two
@@ -228,9 +254,9 @@ def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_p
     return planned_step(work, plan.kinds[stage], nodes, gpus_per_node, net)
 
 
-def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: int, net: Network) -> StepEstimate:
+def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: int | tuple[int, ...], net: Network) -> StepEstimate:
     """One step of a kind an optimizer registered: compute, then what it sends, in order."""
-    world = nodes * gpus_per_node
+    world = world_size(nodes, gpus_per_node)
     compute = accumulation_steps(work, world) * work.fb_s + work.optimizer_s
     seconds = sent = 0.0
     rounds = 0
@@ -254,9 +280,9 @@ def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: i
     return StepEstimate(compute, seconds, seconds, sent, rounds if world > 1 else 0)
 
 
-def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: int, net: Network) -> StepEstimate:
+def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: int | tuple[int, ...], net: Network) -> StepEstimate:
     """A step of a communication mode that is not an optimizer: bucket-wise clipping's, DiLoCo's."""
-    world = nodes * gpus_per_node
+    world = world_size(nodes, gpus_per_node)
     accumulation = accumulation_steps(work, world)
     compute = accumulation * work.fb_s + work.optimizer_s
     levels = two_levels(work, nodes, gpus_per_node)
@@ -272,7 +298,7 @@ def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: 
         compute += work.optimizer_s * share  # the outer update's passes over the fragment
         bits = {"int8": 8, "int4": 4}.get(work.outer_compression)
         if bits:  # its passes run on the rank's own cores or stream: not hidden by the overlap
-            compute += work.lowbit_s * share / (gpus_per_node if levels else 1)  # two levels: its slice
+            compute += work.lowbit_s * share / (largest(gpus_per_node) if levels else 1)  # two levels: its slice
             size = params * (bits / 8 + 4 / LOWBIT_BLOCK)
             seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, 4.0 * params)
             sent, rounds = compressed_bytes_per_rank(size, 4.0 * params, nodes, gpus_per_node, levels), 2
@@ -306,7 +332,7 @@ def step_sequence(work: Workload, optimizer: str) -> list[str]:
     return ["full"] * work.steps
 
 
-def step_estimates(work: Workload, optimizer: str, nodes: int, gpus_per_node: int,
+def step_estimates(work: Workload, optimizer: str, nodes: int, gpus_per_node: int | tuple[int, ...],
                    net: Network) -> tuple[list[StepEstimate], dict[str, StepEstimate]]:
     """Each of the phase's steps priced in order (step_sequence), and the estimate per kind."""
     by_kind: dict[str, StepEstimate] = {}
@@ -335,7 +361,7 @@ def stage_steps(work: Workload, optimizer: str) -> list[tuple[str, int]]:
     return list(Counter(step_sequence(work, optimizer)).items())
 
 
-def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int, net: Network) -> dict:
+def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: int | tuple[int, ...], net: Network) -> dict:
     """A phase's totals over its kinds of steps (stage_steps)."""
     stages = stage_steps(work, optimizer)
     seconds = compute = comm = sent = 0.0
@@ -353,10 +379,11 @@ def phase_estimate(work: Workload, optimizer: str, nodes: int, gpus_per_node: in
     steps = max(work.steps, 1)
     return {"phase": work.name, "steps": work.steps, "seconds": seconds, "step_s": seconds / steps,
             "compute_s": compute / steps, "comm_s": comm / steps, "bytes_per_rank": sent,
-            "accumulation": accumulation_steps(work, nodes * gpus_per_node), "stages": detail}
+            "accumulation": accumulation_steps(work, world_size(nodes, gpus_per_node)), "stages": detail}
 
 
-def recipe_rows(phases: dict[str, list[Workload]], nodes_list: list[int], gpus_per_node: int, net: Network,
+def recipe_rows(phases: dict[str, list[Workload]], nodes_list: list[int], gpus_per_node: int | tuple[int, ...],
+                net: Network,
                 usd_per_gpu_hour: float | None) -> list[dict]:
     """One row per optimizer and node count over all phases of the recipe (phases[optimizer])."""
     rows = []
@@ -365,7 +392,7 @@ def recipe_rows(phases: dict[str, list[Workload]], nodes_list: list[int], gpus_p
         single = sum(phase_estimate(w, "lamb", 1, 1, net)["compute_s"] * w.steps for w in works)
         samples = sum(w.global_batch * w.steps for w in works)
         for nodes in nodes_list:
-            gpus = nodes * gpus_per_node
+            gpus = world_size(nodes, gpus_per_node)
             per_phase = [phase_estimate(w, optimizer, nodes, gpus_per_node, net) for w in works]
             seconds = sum(p["seconds"] for p in per_phase)
             steps = sum(w.steps for w in works)
