@@ -346,6 +346,34 @@ def test_preflight_names_a_slowed_link(cluster, tmp_path):
     assert speeds[("node2", "node1")] < 0.025 < speeds[("node1", "node2")]
     assert len(profile["problems"]) == 1 and profile["problems"][0].startswith("slow link: node2 sends")
     assert f"problem: {profile['problems'][0]}" in proc.stdout
+    # where each host is reached, and the lines to paste
+    assert f"node1: eth0 {cluster.addresses[0]} reaches node2" in proc.stdout
+    assert f"node2: eth0 {cluster.addresses[1]} reaches node1" in proc.stdout
+    assert "  GLOO_SOCKET_IFNAME=eth0\n" in proc.stdout and "  NCCL_SOCKET_IFNAME=eth0\n" in proc.stdout
+    assert f"  MASTER_ADDR={cluster.addresses[0]}   " in proc.stdout
+
+
+def test_preflight_stops_on_an_interface_that_reaches_no_other_host(cluster, tmp_path):
+    """Each host also has docker0 at 172.17.0.1 (Cluster.add_decoy_interface), and the ranks are
+    told GLOO_SOCKET_IFNAME=docker0: preflight names, per host, the interface that does reach the
+    others, and stops before the first collective (which would hang) with one line a host."""
+    out, env_file = tmp_path / "profile.json", tmp_path / "deepspeed_env"
+    env_file.write_text(f"GLOO_SOCKET_IFNAME=docker0\nOMP_NUM_THREADS={cluster.threads_per_rank}")
+    cluster.add_decoy_interface()
+    try:
+        proc = subprocess.run(
+            cluster.exec_prefix(0) + preflight_cmd("--hostfile", str(cluster.hostfile), "--master_port",
+                                                   str(free_port()), out=out, extra=["--vocab-size", 2000]),
+            cwd=REPO, env={**cluster.env, "DS_ENV_FILE": str(env_file), "GLOO_SOCKET_IFNAME": "docker0"},
+            capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.add_decoy_interface(remove=True)
+    assert proc.returncode != 0 and not out.exists(), proc.stdout[-3000:]
+    for host, peer in (("node1", "node2"), ("node2", "node1")):
+        assert (f"problem: {host}: GLOO_SOCKET_IFNAME=docker0 does not reach the other hosts ({host} reaches them "
+                f"through eth0); set GLOO_SOCKET_IFNAME=eth0") in proc.stdout, proc.stdout[-3000:]
+    assert "  GLOO_SOCKET_IFNAME=eth0\n" in proc.stdout
+    assert "stopping before the first collective" in proc.stdout
     assert GBIT == 1.25e8
 
 
@@ -367,6 +395,24 @@ def test_problem_lines_from_measurements():
     assert link_problems([{**r, "gbit_s": fast * 0.9} for r in three]) == []
     two = [{"from": "node1", "to": "node2", "gbit_s": 1.0}, {"from": "node2", "to": "node1", "gbit_s": 0.1}]
     assert link_problems(two)[0].startswith("slow link: node2 sends 100 Mbit/s to node1")
+
+    from commodity_bert.plan.preflight import interface_plan, nccl_accepts, slow_rank_problems
+    assert nccl_accepts("eth", "eth0") and nccl_accepts("^docker,lo", "eth0") and not nccl_accepts("=eth", "eth0")
+    assert not nccl_accepts("^eth", "eth0") and nccl_accepts("ib,eth0", "eth0")
+    where = [{"host": "a", "addresses": {"eth0": "10.0.0.1", "docker0": "172.17.0.1"}, "gloo_ifname": None,
+              "nccl_ifname": "docker0"},
+             {"host": "b", "addresses": {"ens5": "10.0.0.2"}, "gloo_ifname": None, "nccl_ifname": None}]
+    lines, problems, blocking = interface_plan(where, {"a": {"b": "eth0"}, "b": {"a": "ens5"}}, "nccl")
+    assert lines[:2] == ["a: eth0 10.0.0.1 reaches b", "b: ens5 10.0.0.2 reaches a"]
+    assert "  NCCL_SOCKET_IFNAME=ens5,eth0" in lines and "  MASTER_ADDR=10.0.0.1   (deepspeed: --master_addr; " \
+        "rank 0's host, a, on eth0)" in lines
+    assert any(line.startswith("  GLOO_SOCKET_IFNAME: the hosts' interfaces differ (a: eth0, b: ens5)") for line in lines)
+    assert problems == ["a: NCCL_SOCKET_IFNAME=docker0 does not reach the other hosts (a reaches them through eth0); "
+                        "set NCCL_SOCKET_IFNAME=eth0"] and blocking
+    assert interface_plan(where, {"a": {"b": "eth0"}, "b": {"a": "ens5"}}, "gloo")[2] is False  # gloo runs
+    ranks = [{"rank": r, "host": "a", "device": "GPU", "forward_backward_s": s} for r, s in enumerate((1, 1.1, 2.0))]
+    (line,) = slow_rank_problems(ranks)
+    assert line.startswith("slow rank: rank 2 on a (GPU) takes 2 s a forward + backward, 1.8x the median 1.1 s")
 
     same = [{"host": h, "interface": "eth0"} for h in ("a", "a", "b")]
     assert interface_problems(same) == []

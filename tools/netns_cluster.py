@@ -166,6 +166,20 @@ class Cluster:
                 _run(*prefix, "tc", "qdisc", "add", "dev", "eth0", *parent, "handle", "10:", "tbf", "rate", rate,
                      "burst", "256kb", "latency", "50ms", capture=True)
 
+    def add_decoy_interface(self, name: str = "docker0", address: str = "172.17.0.1/16",
+                            remove: bool = False) -> None:
+        """Give every host a second interface that reaches no other host, with the same address
+        on each, as docker's bridge is on real nodes (its address is often `hostname -I`'s first,
+        and an interface name NCCL or gloo may pick); `remove` takes it away again."""
+        for host in range(len(self.hosts)):
+            prefix = self.exec_prefix(host)
+            if remove:
+                _run(*prefix, "ip", "link", "del", name, check=False, capture=True)
+                continue
+            _run(*prefix, "ip", "link", "add", name, "type", "bridge", capture=True)  # as docker makes it
+            _run(*prefix, "ip", "addr", "add", address, "dev", name, capture=True)
+            _run(*prefix, "ip", "link", "set", name, "up", capture=True)
+
     # ------------------------------------------------------------------ build / tear down
     @classmethod
     def up(cls, directory: Path, hosts: int, slots: int = 1, rate: str | None = None,

@@ -57,6 +57,17 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def local_addresses() -> dict[str, str]:
+    """This host's IPv4 address on each of its interfaces that has one."""
+    found = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                found[name] = socket.inet_ntoa(packed[20:24])
+    return found
+
+
 def route_to(master_addr: str) -> tuple[str, str | None]:
     """The local address (and its interface) this host uses to reach the master."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -90,6 +101,14 @@ def rendezvous(rank: int, world: int, timeout_s: float) -> dist.Store:
         store = dist.TCPStore(master_addr, port, world, is_master=rank == 0, wait_for_workers=False,
                               timeout=timedelta(seconds=timeout_s))
     except Exception as exc:  # noqa: BLE001 - whatever the transport says, the line is the same
+        with contextlib.suppress(OSError):
+            own = {a: i for i, a in local_addresses().items()}.get(socket.gethostbyname(master_addr))
+            if rank != 0 and own:
+                say(f"problem: rank {rank} on {socket.gethostname()} cannot reach rank 0 at {master_addr}:{port}: "
+                    f"{master_addr} is an address of this host too ({own}; every host with docker has 172.17.0.1), "
+                    f"so it does not lead to rank 0's host; give --master_addr the address of rank 0's host on "
+                    f"the interface the hosts share (bert-plan preflight prints it; docs/clusters.md)")
+                sys.exit(1)
         say(f"problem: rank {rank} on {socket.gethostname()} cannot reach rank 0 at {master_addr}:{port} "
             f"within {timeout_s:.0f} s ({exc.__class__.__name__}): check that host's address, firewall and "
             f"--master_addr")
@@ -97,7 +116,9 @@ def rendezvous(rank: int, world: int, timeout_s: float) -> dist.Store:
     local, iface = route_to(master_addr)
     here = {"host": socket.gethostname(), "address": local,
             "interface": os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or iface,
-            "routed_interface": iface, "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
+            "routed_interface": iface, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "addresses": local_addresses(), "master_addr": master_addr,
+            "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME")}
     store.set(f"where/{rank}", json.dumps(here))
     if rank == 0:
         keys = [f"where/{r}" for r in range(world)]
@@ -434,6 +455,115 @@ def link_problems(links: list[dict]) -> list[str]:
             for r in slow]
 
 
+def nccl_accepts(spec: str, iface: str) -> bool:
+    """Whether NCCL_SOCKET_IFNAME `spec` lets NCCL use `iface`: a comma list of name prefixes,
+    "=" before it for exact names, "^" to exclude those instead."""
+    exclude, spec = spec.startswith("^"), spec.lstrip("^")
+    exact, spec = spec.startswith("="), spec.lstrip("=")
+    hit = any(iface == name if exact else iface.startswith(name) for name in spec.split(",") if name)
+    return hit != exclude
+
+
+def interface_plan(where: list[dict], routes: dict[str, dict[str, str | None]], backend: str) \
+        -> tuple[list[str], list[str], bool]:
+    """Per host, the interface whose route reaches the other hosts and its address; problems with
+    what is configured (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming another interface); the
+    lines to paste. `routes`: per host, the interface its route to each other host takes. Returns
+    (lines to say, problems, whether a problem would hang `backend`'s collectives)."""
+    hosts = list(dict.fromkeys(w["host"] for w in where))
+    leader = {h: next(w for w in where if w["host"] == h) for h in hosts}
+    if len(hosts) < 2:
+        return [], [], False
+    lines, problems, blocking = [], [], False
+    reach = {}
+    for host in hosts:
+        used = {iface for iface in routes[host].values() if iface}
+        reach[host] = next(iter(used)) if len(used) == 1 else None
+        if reach[host] is None:
+            problems.append(f"{host} reaches the other hosts through several interfaces "
+                            f"({', '.join(f'{peer}: {iface}' for peer, iface in sorted(routes[host].items()))}); "
+                            f"the collectives need one network: check its routes (ip route)")
+            continue
+        address = leader[host]["addresses"].get(reach[host], "?")
+        lines.append(f"{host}: {reach[host]} {address} reaches {', '.join(p for p in hosts if p != host)}")
+    for host in hosts:
+        iface = reach[host]
+        if iface is None:
+            continue
+        for variable, key, accepts, used_by in (
+                ("GLOO_SOCKET_IFNAME", "gloo_ifname", lambda spec: iface in spec.split(","), "gloo"),
+                ("NCCL_SOCKET_IFNAME", "nccl_ifname", lambda spec: nccl_accepts(spec, iface), "nccl")):
+            spec = leader[host].get(key)
+            if spec and not accepts(spec):
+                problems.append(f"{host}: {variable}={spec} does not reach the other hosts ({host} reaches them "
+                                f"through {iface}); set {variable}={iface}")
+                blocking |= used_by == backend
+    names = sorted({iface for iface in reach.values() if iface})
+    rank0 = where[0]
+    master_iface = reach.get(rank0["host"])
+    if names:
+        lines.append("to paste into .deepspeed_env (DeepSpeed's launcher) or to export before "
+                     "recipes/slurm/pretrain.sbatch (docs/clusters.md, \"Network interface\"):")
+        lines.append(f"  NCCL_SOCKET_IFNAME={','.join(names)}")
+        if len(names) == 1:
+            lines.append(f"  GLOO_SOCKET_IFNAME={names[0]}")
+        else:
+            lines.append("  GLOO_SOCKET_IFNAME: the hosts' interfaces differ (" + ", ".join(
+                f"{h}: {reach[h]}" for h in hosts if reach[h]) + "); set it in each host's own environment")
+        if master_iface and master_iface in rank0["addresses"]:
+            lines.append(f"  MASTER_ADDR={rank0['addresses'][master_iface]}   "
+                         f"(deepspeed: --master_addr; rank 0's host, {rank0['host']}, on {master_iface})")
+    return lines, problems, blocking
+
+
+def check_interfaces(store: dist.Store, rank: int, world: int, backend: str, timeout_s: float) -> list[str]:
+    """Before any collective (a wrong interface would hang the first one): each host's first rank
+    finds the interface its route to every other host takes; rank 0 says where each host is
+    reached, what to paste, and the configured names that lead elsewhere, and stops every rank
+    where they would hang this backend. Returns the problems."""
+    where = [json.loads(store.get(f"where/{r}")) for r in range(world)]
+    hosts = list(dict.fromkeys(w["host"] for w in where))
+    first = {h: next(r for r, w in enumerate(where) if w["host"] == h) for h in hosts}
+    me = where[rank]["host"]
+    if first[me] == rank:
+        mine = {}
+        for host in hosts:
+            if host != me:
+                with contextlib.suppress(OSError):
+                    mine[host] = route_to(where[first[host]]["address"])[1]
+        store.set(f"routes/{rank}", json.dumps(mine))
+    if rank != 0:
+        store.wait(["interfaces"], timedelta(seconds=timeout_s + 60))
+        if store.get("interfaces") != b"go":
+            sys.exit(1)
+        return []
+    store.wait([f"routes/{first[h]}" for h in hosts], timedelta(seconds=timeout_s))
+    routes = {h: json.loads(store.get(f"routes/{first[h]}")) for h in hosts}
+    lines, problems, blocking = interface_plan(where, routes, backend)
+    say(*lines)
+    if blocking:
+        for problem in problems:
+            say(f"problem: {problem}")
+        say("stopping before the first collective, which would hang on that interface")
+        store.set("interfaces", "abort")
+        sys.exit(1)
+    store.set("interfaces", "go")
+    return problems
+
+
+def slow_rank_problems(ranks: list[dict], ratio: float = 1.5) -> list[str]:
+    """Ranks whose forward + backward takes `ratio` times the median or more: every rank waits for
+    the slowest at each step, so one slow GPU sets the cluster's pace."""
+    if len(ranks) < 2:
+        return []
+    median = statistics.median(r["forward_backward_s"] for r in ranks)
+    return [f"slow rank: rank {r['rank']} on {r['host']} ({r['device']}) takes {r['forward_backward_s']:.3g} s a "
+            f"forward + backward, {r['forward_backward_s'] / median:.1f}x the median {median:.3g} s; every rank "
+            f"waits for it at each step: check its clocks and temperature (nvidia-smi -q -d PERFORMANCE), other "
+            f"jobs on it, or leave it out of the hostfile"
+            for r in ranks if r["forward_backward_s"] >= ratio * median]
+
+
 def interface_problems(where: list[dict]) -> list[str]:
     by_host = {}
     for w in where:
@@ -477,6 +607,7 @@ def run(args) -> int:
 
     store = rendezvous(rank, world, args.join_timeout)
     backend = "nccl" if on_cuda else "gloo"
+    interface_lines = check_interfaces(store, rank, world, backend, args.join_timeout)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
                             timeout=timedelta(minutes=30))
     import deepspeed
@@ -508,7 +639,7 @@ def run(args) -> int:
         dist.barrier()
         return 0
 
-    problems = interface_problems(where) + link_problems(links)
+    problems = interface_lines + interface_problems(where) + link_problems(links) + slow_rank_problems(ranks)
     profile = {
         "version": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
         "backend": backend, "precision": precision, "world_size": world, "hosts": len(hosts),
