@@ -82,37 +82,35 @@ def test_openmpi_launcher_on_two_hosts(cluster, data, one_host_run, tmp_path):
     assert_same_run_on_two_hosts(run, one_host_run)
 
 
-def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
-    run = tmp_path / "run"
-    nodes = [cluster.popen(i, [DEEPSPEED, "--hostfile", str(cluster.hostfile), "--no_ssh", "--node_rank", str(i),
-                               "--master_addr", cluster.addresses[0], "--master_port", "29614",
-                               *train_args(data, run)],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
+def launch_per_node(cluster, command) -> None:
+    """`command(i)` started on every host i at once; each must exit 0."""
+    nodes = [cluster.popen(i, command(i), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(len(cluster.hosts))]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     for node, output in zip(nodes, outputs):
         assert node.returncode == 0, output[-4000:]
+
+
+def test_no_ssh_per_node_launches(cluster, data, one_host_run, tmp_path):
+    run = tmp_path / "run"
+    launch_per_node(cluster, lambda i: [DEEPSPEED, "--hostfile", str(cluster.hostfile), "--no_ssh", "--node_rank",
+                                        str(i), "--master_addr", cluster.addresses[0], "--master_port", "29614",
+                                        *train_args(data, run)])
     assert_same_run_on_two_hosts(run, one_host_run)
 
 
-@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
 def test_torchrun_on_two_hosts(cluster, data, one_host_run, tmp_path):
     """torchrun on each host, meeting through its c10d rendezvous on node1: its ranks are told
     their node's size as LOCAL_WORLD_SIZE and their node as GROUP_RANK (commodity_bert/launcher_env.py),
     and train as DeepSpeed's launcher's do."""
     run = tmp_path / "run"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    nodes = [cluster.popen(i, [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", f"{cluster.addresses[0]}:29616", "--rdzv-id", "bert",
-                               # the namespace hosts' names resolve nowhere (a cluster's do): node1 is told
-                               # it hosts the rendezvous, each host the address it is reached at
-                               "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", cluster.addresses[i],
-                               *train_args(data, run)],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
-    for node, output in zip(nodes, outputs):
-        assert node.returncode == 0, output[-4000:]
+    # the namespace hosts' names resolve nowhere (a cluster's do): node1 is told it hosts the
+    # rendezvous, each host the address it is reached at
+    launch_per_node(cluster, lambda i: [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                        "--rdzv-endpoint", f"{cluster.addresses[0]}:29616", "--rdzv-id", "bert",
+                                        "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", cluster.addresses[i],
+                                        *train_args(data, run)])
     assert_same_run_on_two_hosts(run, one_host_run)
 
 
@@ -132,6 +130,7 @@ def test_lamb_on_unequal_nodes_trains_as_the_same_ranks_on_one_host(cluster, dat
         assert a[1:] == pytest.approx(b[1:], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
 def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     run = tmp_path / "run"
     command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",
