@@ -22,9 +22,6 @@ import re
 import socket
 import subprocess
 
-DEEPSPEED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 def expand_hostlist(hostlist: str) -> list[str]:
     """Slurm's compressed host list ("gpu[01-03,07],cpu1") as names, in order."""
     hosts = []

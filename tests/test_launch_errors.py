@@ -219,8 +219,8 @@ def test_a_bf16_config_on_a_gpu_without_bf16_is_refused_naming_the_fp16_config()
     with pytest.raises(LaunchError) as error:
         check_against_device(config, on_cuda=True, bf16_native=False, path=path, device_name="Tesla T4")
     assert str(error.value) == ('"bf16" is enabled, but Tesla T4 has no bf16 arithmetic (compute capability below '
-                                '8.0: V100, T4, RTX 20xx); use ds_configs/bert_base_phase1_lamb_fp16.json, fp16 with '
-                                'dynamic loss scaling')
+                                f'8.0: V100, T4, RTX 20xx); use {path.with_name("bert_base_phase1_lamb_fp16.json")}, '
+                                'fp16 with dynamic loss scaling')
     fp16 = json.loads((REPO / "ds_configs" / "bert_base_phase1_lamb_fp16.json").read_text())
     check_against_device(fp16, on_cuda=True, bf16_native=False)
 

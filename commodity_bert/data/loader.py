@@ -13,6 +13,7 @@ rank, batch) so a resumed run masks exactly as an uninterrupted one.
 """
 from __future__ import annotations
 
+import dataclasses
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -435,7 +436,7 @@ class TrainingBatches:
         self._remaining: tuple[tuple, StreamPlan] | None = None
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self.batch, "layout": vars(self.layout) | {"batches": self.batch},
+        return {"epoch": self.epoch, "batch": self.batch, "layout": vars(self.layout),
                 "earlier": [vars(layout) for layout in self.earlier]}
 
     def load_state_dict(self, state: dict) -> str | None:
@@ -446,7 +447,7 @@ class TrainingBatches:
         saved = Layout(**state["layout"]) if "layout" in state else self.layout  # older checkpoints: as before
         if saved.deals_as(self.layout):
             return None
-        self.earlier.append(saved)
+        self.earlier.append(dataclasses.replace(saved, batches=self.batch))
         self.batch = 0
         done = sum(layout.batches * layout.world * layout.micro_batch for layout in self.earlier)
         return (f"data: {done:,} samples of epoch {self.epoch} trained on {saved.world} rank(s) × micro-batch "

@@ -147,8 +147,7 @@ def estimate(args) -> list[dict]:
         if args.config:
             config = e.read_config(args.config)
             works = [e.workload("config", config, args.model, args.seq_len, compute, args.vocab_size, args.steps,
-                                args.freeze_step, world_size(1, gpus_per_node) if isinstance(gpus_per_node, tuple)
-                                else gpus_per_node, args.log_every, optimizer)]
+                                args.freeze_step, world_size(1, gpus_per_node), args.log_every, optimizer)]
         else:
             works = [e.workload(phase, e.read_config(path), args.model, seq_len, compute, args.vocab_size, None,
                                 args.freeze_step, log_every=args.log_every, optimizer=optimizer)

@@ -46,17 +46,6 @@ say = speaker("bert-plan preflight")
 
 
 # ---------------------------------------------------------------- where a rank is
-def interface_of(address: str) -> str | None:
-    """The local interface that holds IPv4 `address`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            with contextlib.suppress(OSError):
-                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-                if socket.inet_ntoa(packed[20:24]) == address:
-                    return name
-    return None
-
-
 def local_addresses() -> dict[str, str]:
     """This host's IPv4 address on each of its interfaces that has one."""
     found = {}
@@ -66,6 +55,11 @@ def local_addresses() -> dict[str, str]:
                 packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
                 found[name] = socket.inet_ntoa(packed[20:24])
     return found
+
+
+def interface_of(address: str) -> str | None:
+    """The local interface that holds IPv4 `address`."""
+    return next((name for name, held in local_addresses().items() if held == address), None)
 
 
 def route_to(master_addr: str) -> tuple[str, str | None]:
@@ -117,7 +111,7 @@ def rendezvous(rank: int, world: int, timeout_s: float) -> dist.Store:
     here = {"host": socket.gethostname(), "address": local,
             "interface": os.environ.get("NCCL_SOCKET_IFNAME") or os.environ.get("GLOO_SOCKET_IFNAME") or iface,
             "routed_interface": iface, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-            "addresses": local_addresses(), "master_addr": master_addr,
+            "addresses": local_addresses(),
             "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME")}
     store.set(f"where/{rank}", json.dumps(here))
     if rank == 0:

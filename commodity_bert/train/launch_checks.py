@@ -306,10 +306,10 @@ def check_command_line(args) -> None:
 
 
 def fp16_counterpart(path: str | Path | None) -> str:
-    """The shipped fp16 config beside a bf16 one (bert_base_phase1_lamb_bf16.json: ..._fp16.json)."""
-    name = Path(path).name if path else ""
-    twin = Path(__file__).resolve().parents[2] / "ds_configs" / name.replace("bf16", "fp16")
-    return f"ds_configs/{twin.name}" if "bf16" in name and twin.is_file() else "an fp16 config (ds_configs/*_fp16.json)"
+    """The fp16 config beside a bf16 one (ds_configs/bert_base_phase1_lamb_bf16.json: ..._fp16.json)."""
+    path = Path(path) if path else None
+    twin = path.with_name(path.name.replace("bf16", "fp16")) if path and "bf16" in path.name else None
+    return str(twin) if twin is not None and twin.is_file() else "an fp16 config (ds_configs/*_fp16.json)"
 
 
 def check_against_device(config: RunConfig | dict, on_cuda: bool, bf16_native: bool = True,
