@@ -162,11 +162,11 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
 
 
-def forked_on_hosts(cluster, ranks: int, *args) -> ForkedRanks:
+def forked_on_hosts(cluster, ranks: int, *args, ranks_per_node: list[int] | None = None) -> ForkedRanks:
     """train.py on `ranks` ranks forked from this process, split evenly over the cluster's hosts
-    (Cluster.enter), rank 0's host the master."""
+    (Cluster.enter) or as `ranks_per_node` says, rank 0's host the master."""
     return ForkedRanks(ranks, *args, nodes=[partial(cluster.enter, h) for h in range(len(cluster.hosts))],
-                       master_addr=cluster.addresses[0])
+                       master_addr=cluster.addresses[0], ranks_per_node=ranks_per_node)
 
 
 # Ethernet (14) + IPv4 (20) + TCP with timestamps (32): the headers of every packet node1 sends,
@@ -252,11 +252,13 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     assert counted_in <= payload_in <= counted_in * 1.005 + resent_in * MSS
 
 
+@pytest.mark.parametrize("per_node", [[2, 2], [2, 1]], ids=["2+2", "2+1"])
 @pytest.mark.parametrize("config", ["cpu_tiny_onebit_lamb.json", "cpu_tiny_zero_one_adam.json",
                                     "cpu_tiny_diloco_lamb.json"])
-def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, config):
-    """2 hosts of 2 ranks (the hostfile's slots=2): the compressed modes reduce inside the host and
-    exchange between hosts only (comm/topology.py), and the metrics' node_bytes_sent and
+def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, config, per_node):
+    """2 hosts of 2 ranks (the hostfile's slots=2), or of 2 and 1: the compressed modes reduce
+    inside the host and exchange between hosts only (comm/topology.py; on unequal nodes the second
+    rank of node1 sums and gathers only), and the metrics' node_bytes_sent and
     node_bytes_received, summed over the two nodes, are what the two hosts' eth0 sent and
     received between them. 1-bit LAMB compresses from step 3, 0/1 Adam's variance stage sends 1-bit
     exchanges between its full-precision steps, DiLoCo averages in int8 every 2nd step."""
@@ -272,14 +274,15 @@ def test_two_ranks_per_node_exchange_in_two_levels(cluster, data, tmp_path, conf
             "--output-dir", str(run), "--max-steps", str(steps), "--log-every", "1", "--save-every-minutes", "0",
             "--num-workers", "1", "--dist-timeout-minutes", "2"]
     readers = [tx_reader(cluster, 0), tx_reader(cluster, 1)]
-    ranks = forked_on_hosts(cluster, 4, *args)  # 2 a node
+    ranks = forked_on_hosts(cluster, sum(per_node), *args, ranks_per_node=per_node)
     metrics, at_step = run / "metrics.jsonl", {}
     while (done := ranks.poll()) is None:
         rows = metrics.read_text().split("\n")[:-1] if metrics.exists() else []
         if rows and (step := json.loads(rows[-1])["step"]) not in at_step:
             at_step[step] = [read() for read in readers]
         time.sleep(0.005)
-    assert "exchange in two levels (2 nodes of 2 ranks each): fp32 inside a node" in checked(done).stdout, done.stdout
+    nodes = "2 nodes of 2 ranks each" if per_node == [2, 2] else "2 nodes of [2, 1] ranks"
+    assert f"exchange in two levels ({nodes}): fp32 inside a node" in checked(done).stdout, done.stdout
     rows = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
     first, last = min(at_step), max(s for s in at_step if s < steps)
     assert last - first >= steps // 2, at_step

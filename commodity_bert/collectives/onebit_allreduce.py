@@ -121,20 +121,37 @@ class CompressedAllreduce:
         return self._dequantize(all_signs, all_scales)[: self.numel]
 
 
-class TwoLevelCompressedAllreduce(CompressedAllreduce):
+class TwoLevelCompressedAllreduce:
     """The 1-bit allreduce between nodes only: the node's ranks sum in full precision first, and
-    each local rank runs the compressed exchange on its slice with the same local rank of every
-    other node (topology.py). Its error feedback covers this rank's slice only."""
+    each local rank that holds a slice runs the compressed exchange on it with the same local rank
+    of every other node (topology.py). Its error feedback covers this rank's slice only; a rank
+    that holds none (on a node larger than the smallest) has none."""
 
     def __init__(self, numel: int, device, hierarchy, scale_block: int | None = None):
         self.hierarchy = hierarchy
-        super().__init__(hierarchy.slice_numel(numel), device, group=hierarchy.cross, scale_block=scale_block)
+        self.between = CompressedAllreduce(hierarchy.slice_numel(numel), device, group=hierarchy.cross,
+                                           scale_block=scale_block) if hierarchy.holds_slice else None
 
     def __call__(self, buffer: torch.Tensor) -> torch.Tensor:
-        return self.hierarchy.average(buffer, super().__call__)
+        return self.hierarchy.average(buffer, self.between)
+
+    def state_dict(self) -> dict:
+        if self.between is None:
+            return {"worker_error": torch.zeros(0), "server_error": torch.zeros(0)}
+        return self.between.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.between is None:
+            return
+        self.between.load_state_dict(state)
+
+    def reset(self) -> None:
+        if self.between is not None:
+            self.between.reset()
 
 
-def compressed_allreduce(numel: int, device, scale_block: int | None, hierarchy=None) -> CompressedAllreduce:
+def compressed_allreduce(numel: int, device, scale_block: int | None,
+                        hierarchy=None) -> CompressedAllreduce | TwoLevelCompressedAllreduce:
     """Flat over all ranks, or in two levels where the mode found several ranks per node."""
     if hierarchy is None:
         return CompressedAllreduce(numel, device, scale_block=scale_block)

@@ -241,7 +241,8 @@ class DiLoCo:
 
         if hierarchy is None:
             return between(numel, group)
-        part = between(hierarchy.slice_numel(numel), hierarchy.cross) if hierarchy.nodes > 1 else None
+        exchanges = hierarchy.nodes > 1 and hierarchy.holds_slice  # else: inside the node only
+        part = between(hierarchy.slice_numel(numel), hierarchy.cross) if exchanges else None
         return _TwoLevels(hierarchy, part)
 
     def describe(self) -> str:

@@ -96,7 +96,12 @@ class CommMode:
         if not chosen:
             return [line] if line else []
         self.hierarchy = topology.hierarchy()  # collective: every rank makes the same choice
-        return [f"exchange in two levels ({topology.describe()}): fp32 inside a node, {between} between nodes"]
+        line = f"exchange in two levels ({topology.describe()}): fp32 inside a node, {between} between nodes"
+        if len(set(topology.ranks_per_node)) > 1:
+            slices = self.hierarchy.slices
+            line += (f", in {slices} slice{'s' if slices > 1 else ''} (the smallest node's ranks), each node's sum "
+                     f"weighted by its ranks")
+        return [line]
 
     def resume(self, state: dict, rank_state: dict, where) -> None:
         """After DeepSpeed's checkpoint is loaded: the mode's part of it."""

@@ -18,6 +18,14 @@ the whole buffer over loopback TCP, which on 2 namespace hosts of 2 ranks made t
 and the compression error is that of N workers, not N·L. With one node (N = 1) nothing is
 compressed: the average is exact.
 
+Nodes of unequal size (a hostfile's slots 4, 4 and 2): the buffer is cut into as many slices as
+the smallest node has ranks (S), and local ranks 0…S−1 of every node run the exchange between
+nodes, one slice each; a larger node's other ranks only sum and gather inside it. Each node's
+link still carries the whole buffer's compressed bytes once, and the busiest rank compresses
+1/S of it, as the smallest node's would in any split. A node's sum stands for its ranks: scaled
+by N/W (N nodes, W ranks) before the mean between nodes, it weighs L_n/W in the average, so the
+result is the mean over all W ranks, not over nodes.
+
 Which node a rank is on comes from the launcher, not a setting: DeepSpeed's launch.py exports
 CROSS_RANK, the node's line in the hostfile (whose slots say how many ranks it runs); torchrun
 GROUP_RANK; `srun` SLURM_NODEID; else the host name (mpirun). Ranks gather these once at start.
@@ -106,59 +114,71 @@ class Topology:
         several = max(self.ranks_per_node) > 1
         if setting is False or not several or (setting == "auto" and len(self.nodes) == 1):
             return False, None
-        if len(set(self.ranks_per_node)) > 1:
-            return False, (f"hierarchy: {self.describe()}: the two-level exchange needs the same number of ranks "
-                           f"on every node (the hostfile's slots); exchanging flat over all ranks instead")
         return True, None
 
     def hierarchy(self) -> Hierarchy:
         """Collective (every rank, the same order): the process groups of the two levels."""
         local, _ = dist.new_subgroups_by_enumeration(self.nodes, timeout=world_timeout())
-        crossing = [[node[i] for node in self.nodes] for i in range(len(self.nodes[0]))]
+        slices = min(self.ranks_per_node)
+        crossing = [[node[i] for node in self.nodes] for i in range(slices)]
+        # a rank past the smallest node's size is in no crossing group (cross None): it exchanges nothing
         cross, _ = dist.new_subgroups_by_enumeration(crossing, timeout=world_timeout())
-        return Hierarchy(local, cross, len(self.nodes[0]), len(self.nodes), self.node_of[dist.get_rank()])
+        node = self.node_of[dist.get_rank()]
+        return Hierarchy(local, cross, len(self.nodes[node]), len(self.nodes), node, slices=slices)
 
 
 class Hierarchy:
-    """The two levels: `local` (this rank's node) and `cross` (the same local rank on every node)."""
+    """The two levels: `local` (this rank's node) and `cross` (the same local rank on every node;
+    None for a rank that holds no slice)."""
 
-    def __init__(self, local, cross, local_size: int, nodes: int, node: int = 0):
+    def __init__(self, local, cross, local_size: int, nodes: int, node: int = 0, slices: int | None = None):
         self.local, self.cross = local, cross
         self.local_size, self.nodes = local_size, nodes
+        self.slices = slices or local_size
         self.local_rank = dist.get_rank(local)
         self.node = node
+        # the node's sum over the mean between nodes: W/N ranks (the node's size, where all are equal)
+        self.divisor = dist.get_world_size() / nodes
         self._shared: dict[int, SharedBuffers] = {}  # CPU ranks: by padded length
 
+    @property
+    def holds_slice(self) -> bool:
+        return self.local_rank < self.slices
+
     def slice_numel(self, numel: int) -> int:
-        """The length of each local rank's slice of a flat tensor of `numel` elements."""
-        return -(-numel // self.local_size)
+        """The length of each slice of a flat tensor of `numel` elements."""
+        return -(-numel // self.slices)
 
     def average(self, flat: torch.Tensor, between: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
         """The mean of `flat` (fp32) over all ranks: summed inside the node in full precision, this
-        rank's slice averaged between nodes by `between` (a mean over the `cross` group; None on
-        one node), gathered inside the node."""
+        rank's slice averaged between nodes by `between` (a mean over the `cross` group; None: the
+        node's mean, as on one node), gathered inside the node."""
         numel, part = flat.numel(), self.slice_numel(flat.numel())
+        divisor = self.divisor if between is not None else self.local_size
+        if self.nodes == 1 or not self.holds_slice:
+            between = None
         if flat.device.type == "cpu":
-            return self._average_in_shared_memory(flat, part, between)
+            return self._average_in_shared_memory(flat, part, between, divisor)
+        # one chunk per local rank; those past the slices carry zeros and come back unused
         padded = torch.zeros(part * self.local_size, device=flat.device)
         padded[:numel] = flat
         mine = torch.empty(part, device=flat.device)
         # torch 2.13 names it reduce_scatter_single, older ones reduce_scatter_tensor (looked up at
         # call time: the byte counter replaces the module's functions)
         (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(mine, padded, group=self.local)
-        mine.div_(self.local_size)
-        if between is not None and self.nodes > 1:
+        mine.div_(divisor)
+        if between is not None:
             mine = between(mine)
         out = torch.empty_like(padded)
         dist.all_gather_into_tensor(out, mine.contiguous(), group=self.local)
         return out[:numel]
 
-    def _average_in_shared_memory(self, flat, part, between) -> torch.Tensor:
-        """Each rank writes its buffer into its own shared segment; rank i sums slice i of every
-        segment, exchanges it between nodes and writes the result back into slice i of its own
-        segment, which no other rank reads until the next barrier; then every rank reads each
-        rank's slice. Only barriers (no payload) go through gloo."""
-        padded = part * self.local_size
+    def _average_in_shared_memory(self, flat, part, between, divisor) -> torch.Tensor:
+        """Each rank writes its buffer into its own shared segment; rank i < S sums slice i of
+        every segment, exchanges it between nodes and writes the result back into slice i of its
+        own segment, which no other rank reads until the next barrier; then every rank reads each
+        slice from its holder. Only barriers (no payload) go through gloo."""
+        padded = part * self.slices
         if padded not in self._shared:
             self._shared[padded] = SharedBuffers(self, padded)
         views, me = self._shared[padded].views, self.local_rank
@@ -166,15 +186,16 @@ class Hierarchy:
         views[me][:numel] = flat
         views[me][numel:] = 0                       # the last slice's padding: the last call wrote it
         dist.barrier(group=self.local)              # every rank's buffer written
-        mine = views[0][me * part:(me + 1) * part].clone()
-        for view in views[1:]:
-            mine += view[me * part:(me + 1) * part]
-        mine.div_(self.local_size)
-        if between is not None and self.nodes > 1:
-            mine = between(mine)
-        views[me][me * part:(me + 1) * part] = mine
+        if self.holds_slice:
+            mine = views[0][me * part:(me + 1) * part].clone()
+            for view in views[1:]:
+                mine += view[me * part:(me + 1) * part]
+            mine.div_(divisor)
+            if between is not None:
+                mine = between(mine)
+            views[me][me * part:(me + 1) * part] = mine
         dist.barrier(group=self.local)              # every averaged slice written
-        out = torch.cat([view[i * part:(i + 1) * part] for i, view in enumerate(views)])[:numel]
+        out = torch.cat([views[i][i * part:(i + 1) * part] for i in range(self.slices)])[:numel]
         dist.barrier(group=self.local)              # read before the next call writes again
         return out
 
