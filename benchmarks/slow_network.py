@@ -85,7 +85,9 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, co
     config_path = work / f"{variant}.json"
     config = config or variant_config(variant, args.micro_batch, args.steps, args.freeze_step)
     config_path.write_text(json.dumps(config))
-    run = work / f"{variant}_{len(cluster.hosts)}hosts{'' if cluster.slots == 1 else f'x{cluster.slots}'}_{args.current_rate}"
+    slots = "" if cluster.slots == 1 else "x" + (str(cluster.slots) if isinstance(cluster.slots, int)
+                                                 else "+".join(map(str, cluster.slots)))
+    run = work / f"{variant}_{len(cluster.hosts)}hosts{slots}_{args.current_rate}"
     cmd = [*cluster.exec_prefix(0), str(Path(sys.executable).parent / "deepspeed"), "--hostfile",
            str(cluster.hostfile), "--master_port", "29700", "train.py", "--deepspeed_config", str(config_path),
            "--data", str(data), "--model", args.model, "--output-dir", str(run), "--max-steps", str(args.steps),
@@ -110,7 +112,7 @@ def run_variant(cluster: Cluster, data: Path, work: Path, variant: str, args, co
     # each row covers the steps since the one before (--log-every); steady: wholly at or after `first`
     windows = [(prev, s) for prev, s in zip(logged, logged[1:]) if prev + 1 >= first and prev in samples and s in samples
                and (last_steady is None or s <= last_steady)]
-    total_batch = args.micro_batch * len(cluster.hosts) * cluster.slots
+    total_batch = args.micro_batch * cluster.ranks
     return {
         "variant": variant, "hosts": len(cluster.hosts), "link": args.current_rate,
         "step_s": statistics.median(total_batch / rows[s]["seq_per_s"] for _, s in windows),

@@ -176,15 +176,21 @@ def test_compressed_exchanges_in_two_levels_by_hand():
 
 
 def test_unequal_nodes_priced_as_their_cluster_by_hand():
-    """4 + 4 + 2 GPUs: 10 ranks' compute (as 10 on one node), the 1-bit exchange flat among 10 (the
-    two-level exchange falls back on unequal nodes) with a full node's 4 ranks sharing its link."""
+    """4 + 4 + 2 GPUs: 10 ranks' compute (as 10 on one node). In two levels (comm/topology.py) the
+    fullest node's fp32 ring inside, and between the 3 nodes the node's 2 slices (the smallest
+    node's GPUs), together the whole 1-bit buffer on each link; flat, the 1-bit exchange among
+    10 with a full node's 4 ranks sharing its link."""
     net = Network(link_bytes_per_s=1.25e9, latency_s=0.01)
     onebit = 1e8 * 0.140625
     uneven = step_estimate(work(), "onebit_lamb", "compressed", 3, (4, 4, 2), net)
     assert uneven.compute_s == pytest.approx(step_estimate(work(), "onebit_lamb", "compressed", 1, 10, net).compute_s)
-    assert uneven.bytes_per_rank == pytest.approx(onebit * 2 * 9 / 10)  # flat among 10
-    assert uneven.comm_s == pytest.approx(4 * onebit * 2 * 9 / 10 * 6 / 9 / 1.25e9 + 4 * 9 * 0.01
-                                          + onebit * 2 * 9 / 10 * 3 / 9 / 25e9)
+    inside = 4e8 * 2 * 3 / 4 / 25e9 + 6 * 10e-6
+    assert uneven.comm_s == pytest.approx(inside + onebit * 2 * 2 / 3 / 1.25e9 + 4 * 2 * 0.01)
+    assert uneven.bytes_per_rank == pytest.approx(4e8 * 2 * 3 / 4 + onebit / 2 * 2 * 2 / 3)
+    flat = step_estimate(work(hierarchy=False), "onebit_lamb", "compressed", 3, (4, 4, 2), net)
+    assert flat.bytes_per_rank == pytest.approx(onebit * 2 * 9 / 10)  # flat among 10
+    assert flat.comm_s == pytest.approx(4 * onebit * 2 * 9 / 10 * 6 / 9 / 1.25e9 + 4 * 9 * 0.01
+                                        + onebit * 2 * 9 / 10 * 3 / 9 / 25e9)
     lamb = step_estimate(work(), "lamb", "full", 3, (4, 4, 2), net)
     assert lamb.comm_s == pytest.approx(step_estimate(work(), "lamb", "full", 3, 4, net).comm_s)  # the 4-GPU ring
 
@@ -194,7 +200,7 @@ def test_estimate_cli_prices_a_cluster_of_unequal_nodes(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["estimate", "--gpu-tflops", "71", "--link", "10gbit", "--gpus-per-node", "4,4,2", "--model", "base",
                  "--optimizer", "lamb,onebit_lamb", "--json", str(out)]) == 0
-    assert "nodes of 4, 4, 2 GPUs (the exchange flat: unequal nodes)" in capsys.readouterr().out
+    assert "nodes of 4, 4, 2 GPUs" in capsys.readouterr().out
     rows = json.loads(out.read_text())
     assert [(r["optimizer"], r["nodes"], r["gpus"]) for r in rows] == [("lamb", 3, 10), ("onebit_lamb", 3, 10)]
     code, stderr = refusal(main, ["estimate", "--gpu-tflops", "71", "--link", "10gbit", "--nodes", "2",

@@ -70,7 +70,7 @@ class Cluster:
     directory: Path
     hosts: list[str]
     addresses: list[str]
-    slots: int
+    slots: int | list[int]  # every host's, or each host's own (a hostfile of unequal slots)
     index: int
     namespaces: list[str] = field(default_factory=list)
     relay: dict | None = None  # {"rate": ..., "delay": ...}: links through tools/delay_relay.py
@@ -92,8 +92,16 @@ class Cluster:
         return env
 
     @property
+    def slots_per_host(self) -> list[int]:
+        return list(self.slots) if isinstance(self.slots, (list, tuple)) else [self.slots] * len(self.hosts)
+
+    @property
+    def ranks(self) -> int:
+        return sum(self.slots_per_host)
+
+    @property
     def threads_per_rank(self) -> int:
-        return max(1, (os.cpu_count() or 1) // (len(self.hosts) * self.slots))
+        return max(1, (os.cpu_count() or 1) // self.ranks)
 
     def exec_prefix(self, host: int) -> list[str]:
         """Command prefix that runs a program on host `host` (0-based): in its network namespace
@@ -182,7 +190,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ build / tear down
     @classmethod
-    def up(cls, directory: Path, hosts: int, slots: int = 1, rate: str | None = None,
+    def up(cls, directory: Path, hosts: int, slots: int | list[int] = 1, rate: str | None = None,
            delay: str | None = None) -> Cluster:
         reason = unavailable_reason()
         if reason:
@@ -295,7 +303,7 @@ class Cluster:
         # takes them all (torch's default, and train.py's split counts one host's ranks only)
         # and oversubscribed threads wait on each other (a 20x slower step measured on 2 cores)
         (d / "deepspeed_env").write_text(f"GLOO_SOCKET_IFNAME=eth0\nOMP_NUM_THREADS={self.threads_per_rank}")
-        self.hostfile.write_text("".join(f"{h} slots={self.slots}\n" for h in self.hosts))
+        self.hostfile.write_text("".join(f"{h} slots={n}\n" for h, n in zip(self.hosts, self.slots_per_host)))
         for host in self.hosts:  # every sshd answers before anyone launches
             for _ in range(50):
                 if not _run(*self.exec_prefix(0), str(wrapper), host, "true", check=False, capture=True).returncode:
@@ -335,7 +343,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="bring a cluster up")
     up.add_argument("--hosts", type=int, default=2)
-    up.add_argument("--slots", type=int, default=1)
+    up.add_argument("--slots", type=lambda v: [int(n) for n in v.split(",")] if "," in v else int(v), default=1,
+                    help="ranks per host, or each host's own: 4,4,2")
     up.add_argument("--rate", help="link rate per host, e.g. 1gbit")
     up.add_argument("--delay", help="one-way delay per host, e.g. 20ms (through tools/delay_relay.py)")
     up.add_argument("--dir", required=True)

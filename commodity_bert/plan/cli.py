@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--nodes", default=None, help="node counts to price (default 1,2,4,8,16,32,64)")
     grid.add_argument("--gpus-per-node", default=None,
                       help="GPUs a node (default: the profile's, else 8), or one count a node for a cluster of "
-                           "unequal nodes, e.g. 4,4,2 (priced as that cluster alone, the exchange flat)")
+                           "unequal nodes, e.g. 4,4,2 (priced as that cluster alone)")
     grid.add_argument("--optimizer", default="lamb,onebit_lamb,bucketwise", help=f"any of {', '.join(step_models())}")
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
@@ -157,7 +157,7 @@ def estimate(args) -> list[dict]:
         phases[optimizer] = works
     rows = recipe_rows(phases, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour)
     what = f"{args.config}" if args.config else f"BERT-{args.model} recipe (phase 1 seq 128 + phase 2 seq 512)"
-    layout = (f"nodes of {', '.join(map(str, gpus_per_node))} GPUs (the exchange flat: unequal nodes)"
+    layout = (f"nodes of {', '.join(map(str, gpus_per_node))} GPUs"
               if isinstance(gpus_per_node, tuple) else f"{gpus_per_node} GPU(s) per node")
     print(f"{what}; {layout}; {compute.source}; network "
           f"{e.default_link_note(net)}")

@@ -51,6 +51,8 @@ The communication modes that are not optimizers are priced here:
               exchange of the node's G slices at once, which put on the node's link what one
               rank of a flat exchange among the N nodes would: a G-th of the flat exchange's
               bytes on the link for its all-to-all half (the papers' 1-bit LAMB counts G = 1).
+              On unequal nodes the fullest node's ring inside, and S slices between nodes (S
+              the smallest node's GPUs), the same bytes on every link.
   logged steps: the gradient norm of the metrics costs nothing on the wire in any mode (where
               gradients are never averaged in full, the ranks' own norms are combined in the
               row's small allreduce); those latency-bound rows, two small allreduces every
@@ -107,8 +109,10 @@ def largest(gpus_per_node: int | tuple[int, ...]) -> int:
     return max(gpus_per_node) if isinstance(gpus_per_node, tuple) else gpus_per_node
 
 
-def unequal(gpus_per_node: int | tuple[int, ...]) -> bool:
-    return isinstance(gpus_per_node, tuple) and len(set(gpus_per_node)) > 1
+def slices(gpus_per_node: int | tuple[int, ...]) -> int:
+    """The slices of the two-level exchange between nodes: as many as the smallest node has GPUs
+    (comm/topology.py); each of them is one rank's share of the compression work."""
+    return min(gpus_per_node) if isinstance(gpus_per_node, tuple) else gpus_per_node
 
 
 @dataclass
@@ -135,7 +139,8 @@ class Network:
     def exchange_s(self, size: float, collectives: int, nodes: int, gpus_per_node: int | tuple[int, ...],
                    two_levels: bool, fp32_size: float) -> float:
         """A compressed exchange of `size` bytes, flat over all ranks or in two levels (the node's
-        fp32 buffer of `fp32_size` bytes reduced and gathered inside the node)."""
+        fp32 buffer of `fp32_size` bytes reduced and gathered inside the node; between nodes, the
+        node's slices together are `size`, whatever its GPUs)."""
         if not two_levels:
             return self.pairwise_exchange_s(size, collectives, nodes, gpus_per_node)
         gpus_per_node = largest(gpus_per_node)
@@ -204,10 +209,7 @@ class StepEstimate:
 
 
 def two_levels(work: Workload, nodes: int, gpus_per_node: int | tuple[int, ...]) -> bool:
-    """Whether the compressed exchanges run in two levels, as comm/topology.py chooses (not on
-    unequal nodes, where it falls back to the flat exchange)."""
-    if unequal(gpus_per_node):
-        return False
+    """Whether the compressed exchanges run in two levels, as comm/topology.py chooses."""
     gpus_per_node = largest(gpus_per_node)
     return gpus_per_node > 1 and (work.hierarchy is True or (work.hierarchy == "auto" and nodes > 1))
 
@@ -217,8 +219,7 @@ def compressed_bytes_per_rank(size: float, fp32_size: float, nodes: int, gpus_pe
     """What one rank sends for a compressed exchange of `size` bytes (the metrics' bytes_sent)."""
     if not levels:
         return ring_allreduce_bytes(size, world_size(nodes, gpus_per_node))
-    gpus_per_node = largest(gpus_per_node)
-    return ring_allreduce_bytes(fp32_size, gpus_per_node) + ring_allreduce_bytes(size / gpus_per_node, nodes)
+    return ring_allreduce_bytes(fp32_size, largest(gpus_per_node)) + ring_allreduce_bytes(size / slices(gpus_per_node), nodes)
 
 
 def accumulation_steps(work: Workload, world: int) -> int:
@@ -298,7 +299,7 @@ def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: 
         compute += work.optimizer_s * share  # the outer update's passes over the fragment
         bits = {"int8": 8, "int4": 4}.get(work.outer_compression)
         if bits:  # its passes run on the rank's own cores or stream: not hidden by the overlap
-            compute += work.lowbit_s * share / (largest(gpus_per_node) if levels else 1)  # two levels: its slice
+            compute += work.lowbit_s * share / (slices(gpus_per_node) if levels else 1)  # two levels: its slice
             size = params * (bits / 8 + 4 / LOWBIT_BLOCK)
             seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, 4.0 * params)
             sent, rounds = compressed_bytes_per_rank(size, 4.0 * params, nodes, gpus_per_node, levels), 2
