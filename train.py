@@ -60,6 +60,7 @@ from commodity_bert.train import checkpoint, downstream_watcher, failures, run_l
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
+from commodity_bert.train.memory import live_tensor_bytes, peak_allocated_bytes
 from commodity_bert.train.launch_checks import (
     BatchSizes,
     LaunchError,
@@ -476,12 +477,16 @@ def final_summary(engine, model, device, bookkeeping, samples: int, stopped_by: 
     machine each rank ran on and its peak memory, whether the ranks hold one model."""
     identical = parameters_identical_across_ranks(model, device)
     hosts = [None] * dist.get_world_size()
+    held, peak = live_tensor_bytes(device), peak_allocated_bytes(device)
     dist.all_gather_object(hosts, (socket.gethostname(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                                   device_name(device)))
+                                   device_name(device), held, peak))
     return {"step": engine.global_steps, "samples": samples, "wall_s": bookkeeping.wall_s(),
             "trained_s": bookkeeping.trained_s(), "stopped_by": stopped_by, "world_size": len(hosts),
-            "hosts": [h for h, _, _ in hosts],
-            "peak_rss_mb": [round(mb, 1) for _, mb, _ in hosts], "devices": [d for _, _, d in hosts],
+            "hosts": [h[0] for h in hosts],
+            "peak_rss_mb": [round(h[1], 1) for h in hosts], "devices": [h[2] for h in hosts],
+            # what bert-plan fit's memory model predicts (plan/memory.py): the tensors held between steps
+            "tensor_mb": [round(h[3] / 2**20, 2) for h in hosts],
+            "peak_allocated_mb": [None if h[4] is None else round(h[4] / 2**20, 1) for h in hosts],
             "params_identical_across_ranks": identical, **last_eval}
 
 

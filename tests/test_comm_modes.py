@@ -56,6 +56,22 @@ def test_the_ranks_end_with_identical_parameters(mode_runs):
         assert json.loads((run / "summary.json").read_text())["params_identical_across_ranks"] is True
 
 
+def test_the_memory_model_holds_each_ranks_tensors(mode_runs):
+    """bert-plan fit's state term (plan/memory.py) against what each rank held at the end
+    (summary.json's tensor_mb: its live tensors, each storage once): the weights, the master copy,
+    the optimizer's moments and the mode's error feedback or outer state, per mode, on 2 ranks."""
+    from commodity_bert.data.shard_format import load_manifest
+    from commodity_bert.model.bert import build_config
+    from commodity_bert.plan.memory import Setup, Shape, state_bytes
+    _, _, runs = mode_runs
+    manifest = load_manifest(runs.data)
+    shape = Shape.of(build_config("tiny", manifest["vocab"]["size"]), nsp=manifest["nsp"])
+    modelled = sum(state_bytes(shape.params, Setup.of(json.loads(open(runs.config).read())), world=2).values())
+    held = json.loads((runs.whole / "summary.json").read_text())["tensor_mb"]
+    # beyond the model: position ids, masks, RNG states, the loop's counters (~0.1 MB)
+    assert all(modelled <= mb * 2**20 <= modelled * 1.01 + 2**19 for mb in held), (held, modelled / 2**20)
+
+
 def test_the_schedules_put_the_resume_where_the_mode_is_mid_flight():
     """The table's resume steps mean what their comments say, by the modes' own rules."""
     zero_one = MODE_CASES["zero_one_adam"]

@@ -8,6 +8,8 @@
         --recipe --optimizer lamb,onebit_lamb,bucketwise --usd-per-gpu-hour 2.5 --json plan.json --plot plan.png
     # or without a profile, from a GPU's peak and a link's rate
     bert-plan estimate --gpu-tflops 312 --link 10gbit --nodes 1,2,4,8 --gpus-per-node 4 --model large --recipe
+    # 3. what fits one card: precision, micro-batch, accumulation, activation checkpointing
+    bert-plan fit --gpu 3090 --model base --seq-len 128 --gpus-per-node 4,4,2
 
 The model (commodity_bert/plan/step_model.py): step = compute + exposed communication, a ring
 allreduce's bytes over the measured per-rank bandwidth plus its latency hops; bucket-wise
@@ -97,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--usd-per-gpu-hour", type=float)
     grid.add_argument("--json", type=Path, help="write the rows here")
     grid.add_argument("--plot", type=Path, help="days (and USD) against GPUs, one line per optimizer")
+
+    fit = sub.add_parser("fit", help="what fits one GPU: precision, micro-batch, accumulation, activation checkpointing")
+    fit.add_argument("--gpu", help="2080ti | t4 | v100-16 | v100-32 | 3090 | 4090 | a100-40 | a100-80 | h100")
+    fit.add_argument("--gpu-mem", type=float, help="instead of --gpu: the card's memory, GB")
+    fit.add_argument("--capability", default="8.0", help="with --gpu-mem: its compute capability (bf16 from 8.0)")
+    fit.add_argument("--model", default="base", help="base | large | tiny | mini | a BertConfig JSON")
+    fit.add_argument("--seq-len", type=int, default=128)
+    fit.add_argument("--config", type=Path,
+                     help="the DeepSpeed config (default: the shipped LAMB recipe's for --model and --seq-len)")
+    fit.add_argument("--nodes", type=int, default=1)
+    fit.add_argument("--gpus-per-node", default="1", help="GPUs a node, or each node's: 4,4,2")
+    fit.add_argument("--vocab-size", type=int, default=30522)
+    fit.add_argument("--json", type=Path, help="write the answer here")
     return show_defaults(p)
 
 
@@ -179,6 +194,10 @@ def main(argv=None) -> int:
         if args.command == "preflight":
             from commodity_bert.plan.preflight import run
             return run(args)
+        if args.command == "fit":
+            from commodity_bert.plan.fit import run as fit
+            fit(args)
+            return 0
         estimate(args)
         return 0
     except PlanError as exc:

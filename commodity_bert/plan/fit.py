@@ -1,0 +1,117 @@
+"""`bert-plan fit`: what a GPU can train, from the memory model (memory.py): the precision the card
+computes in, the micro-batch that fits, the accumulation that makes the config's global batch on
+the cluster's ranks (train/launch_checks.py's rule, as train.py applies it), and whether
+activation checkpointing is needed."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from commodity_bert.plan.estimate import DS_CONFIGS, read_config
+from commodity_bert.plan.memory import CONTEXT_BYTES, FRAGMENTATION, GIB, GPUS, Gpu, Setup, Shape, fit, gpu_named
+from commodity_bert.plan.step_model import PlanError
+from commodity_bert.run_config import RunConfig
+
+
+def card_of(args) -> Gpu:
+    if bool(args.gpu) == bool(args.gpu_mem):
+        raise PlanError("give --gpu NAME (one of " + ", ".join(GPUS) + ") or --gpu-mem GB, not both")
+    if args.gpu_mem:
+        major, _, minor = args.capability.partition(".")
+        return Gpu(f"a {args.gpu_mem:g} GB GPU", args.gpu_mem * 1e9 / GIB, (int(major), int(minor or 0)))
+    card = gpu_named(args.gpu)
+    if card is None:
+        raise PlanError(f"--gpu {args.gpu}: not a card bert-plan knows; give one of {', '.join(GPUS)}, "
+                        f"or --gpu-mem GB (with --capability)")
+    return card
+
+
+def config_path(args, card: Gpu) -> Path:
+    """--config, or the shipped LAMB recipe's config for --model and --seq-len in the card's precision."""
+    if args.config:
+        return args.config
+    phase = {128: "phase1", 512: "phase2"}.get(args.seq_len)
+    path = DS_CONFIGS / f"bert_{args.model}_{phase}_lamb_{'bf16' if card.bf16 else 'fp16'}.json"
+    if phase is None or not path.is_file():
+        raise PlanError(f"no shipped config for --model {args.model} at --seq-len {args.seq_len}; give --config")
+    return path
+
+
+def twin(path: Path, precision: str) -> str:
+    """The shipped config beside `path` in `precision` (its _bf16/_fp16 twin), if there is one."""
+    other = {"bf16": "fp16", "fp16": "bf16"}[precision]
+    candidate = path.with_name(path.name.replace(other, precision))
+    return str(candidate) if other in path.name and candidate.is_file() else ""
+
+
+def run(args) -> dict:
+    from commodity_bert.model.bert import build_config
+    from commodity_bert.plan.estimate import parse_list
+    from commodity_bert.train.launch_checks import fit_global_batch
+
+    card = card_of(args)
+    path = config_path(args, card)
+    config = RunConfig.of(read_config(path))
+    gpus = parse_list(args.gpus_per_node, "--gpus-per-node")
+    world, slices = (sum(gpus), min(gpus)) if len(gpus) > 1 else (args.nodes * gpus[0], gpus[0])
+    nodes = len(gpus) if len(gpus) > 1 else args.nodes
+    shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
+    setup = Setup.of(config)
+    asked_micro = int(config.micro_batch or 8)
+    result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices if nodes > 1 else 1)
+    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
+    lines = [f"{args.model} ({shape.params / 1e6:.0f}M parameters), seq {args.seq_len}, {shown} on {card.name} "
+             f"({card.memory_gib:.1f} GiB, compute capability {card.capability[0]}.{card.capability[1]}), "
+             f"{world} rank{'s' if world > 1 else ''}"]
+    if result.precision == "fp16":
+        scale = config.given.get("fp16") or {}
+        lines.append(f"precision: fp16 with dynamic loss scaling (from 2^{scale.get('initial_scale_power', 16)}, "
+                     f"halved on an overflow): the card has no bf16"
+                     + (f"; use {twin(path, 'fp16')}" if setup.precision == "bf16" and twin(path, "fp16") else ""))
+    elif result.precision == "bf16":
+        lines.append("precision: bf16 (no loss scaling)"
+                     + (f"; use {twin(path, 'bf16')}" if setup.precision == "fp16" and twin(path, "bf16") else ""))
+    else:
+        lines.append("precision: fp32, as the config asks")
+    out = {"gpu": card.name, "memory_gib": card.memory_gib, "model": args.model, "params": shape.params,
+           "seq_len": args.seq_len, "config": str(path), "world": world, "precision": result.precision,
+           "micro_batch": None, "accumulation": None, "global_batch": None, "checkpointing": None}
+    advice = result.checkpointing
+    micro = result.micro_checkpointed if advice in ("needed", "recommended") else result.micro
+    if micro is None:
+        lines.append(f"does not fit: even one sequence with activation checkpointing needs "
+                     f"more than {card.memory_gib:.1f} GiB; use ZeRO 1/2 (ds_configs/*zero*), a shorter sequence or a "
+                     f"larger card")
+    else:
+        asked = int(config.train_batch_size or micro * int(config.accumulation or 1) * world)
+        batch = fit_global_batch(asked, micro, world)
+        kept = "" if batch.total == asked else f" (the config's {asked:,} is not a multiple the ranks make)"
+        lines.append(f"micro-batch: {batch.micro}{' (the config’s)' if batch.micro == asked_micro else f' (the config asks {asked_micro})'}"
+                     f", accumulation {batch.accumulation}: a global batch of {batch.total:,}{kept}")
+        switch = '"commodity_bert": {"activation_checkpointing": {"enabled": true}}'
+        lines.append({
+            "needed": f"activation checkpointing: needed (nothing fits without it; it costs about one more forward "
+                      f"pass): {switch}",
+            "recommended": f"activation checkpointing: recommended: without it the micro-batch is {result.micro}; with "
+                           f"it {result.micro_checkpointed}, for about one more forward pass: {switch}",
+            "optional": f"activation checkpointing: not needed; with it the micro-batch could be "
+                        f"{result.micro_checkpointed}, for about one more forward pass of compute",
+            "no": "activation checkpointing: not needed"}[advice])
+        memory = result.chosen
+        state = ", ".join(f"{k} {v / GIB:.2f}" for k, v in memory.state.items() if v)
+        lines.append(f"memory at the peak: {memory.total / GIB:.1f} GiB of {card.memory_gib:.1f}: state "
+                     f"{memory.state_total / GIB:.2f} ({state}), gradients {memory.gradients / GIB:.2f}, "
+                     f"activations {memory.activations / GIB:.2f} (step's fp32 gradients "
+                     f"{memory.step_transient / GIB:.2f}), {FRAGMENTATION:.0%} for fragmentation, "
+                     f"{CONTEXT_BYTES / GIB:.1f} for the CUDA context and NCCL")
+        out.update(micro_batch=batch.micro, accumulation=batch.accumulation, global_batch=batch.total,
+                   checkpointing=advice, peak_gib=memory.total / GIB,
+                   micro_without_checkpointing=result.micro, micro_with_checkpointing=result.micro_checkpointed)
+    for line in lines:
+        print(line)
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(args.json)
+    return out
