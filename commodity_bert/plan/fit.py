@@ -9,7 +9,18 @@ import os
 from pathlib import Path
 
 from commodity_bert.plan.estimate import DS_CONFIGS, read_config
-from commodity_bert.plan.memory import CONTEXT_BYTES, FRAGMENTATION, GIB, GPUS, Gpu, Setup, Shape, fit, gpu_named
+from commodity_bert.plan.memory import (
+    CONTEXT_BYTES,
+    FRAGMENTATION,
+    GIB,
+    GPUS,
+    Gpu,
+    Setup,
+    Shape,
+    fit,
+    gpu_named,
+    largest_micro,
+)
 from commodity_bert.plan.step_model import PlanError
 from commodity_bert.run_config import RunConfig
 
@@ -56,10 +67,11 @@ def run(args) -> dict:
     gpus = parse_list(args.gpus_per_node, "--gpus-per-node")
     world, slices = (sum(gpus), min(gpus)) if len(gpus) > 1 else (args.nodes * gpus[0], gpus[0])
     nodes = len(gpus) if len(gpus) > 1 else args.nodes
+    slices = slices if nodes > 1 else 1  # one node: the exchange is flat
     shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
     setup = Setup.of(config)
     asked_micro = int(config.micro_batch or 8)
-    result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices if nodes > 1 else 1)
+    result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices)
     shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
     lines = [f"{args.model} ({shape.params / 1e6:.0f}M parameters), seq {args.seq_len}, {shown} on {card.name} "
              f"({card.memory_gib:.1f} GiB, compute capability {card.capability[0]}.{card.capability[1]}), "
@@ -98,6 +110,12 @@ def run(args) -> dict:
             "optional": f"activation checkpointing: not needed; with it the micro-batch could be "
                         f"{result.micro_checkpointed}, for about one more forward pass of compute",
             "no": "activation checkpointing: not needed"}[advice])
+        most, _ = largest_micro(shape, args.seq_len, Setup(result.precision, setup.zero_stage, setup.optimizer,
+                                setup.diloco, setup.dropout), card, 8 * asked_micro, world, slices, False)
+        if most and most > asked_micro:
+            lines.append(f"room: up to {most} sequences a micro-batch fit without checkpointing "
+                         f"(train_micro_batch_size_per_gpu; the same global batch in fewer passes)")
+        out["micro_fits_up_to"] = most
         memory = result.chosen
         state = ", ".join(f"{k} {v / GIB:.2f}" for k, v in memory.state.items() if v)
         lines.append(f"memory at the peak: {memory.total / GIB:.1f} GiB of {card.memory_gib:.1f}: state "
