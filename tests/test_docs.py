@@ -108,6 +108,10 @@ def parse_or_run(words: list[str], capsys) -> str:
             status = importlib.import_module("commodity_bert.plan.cli").main(args)
             out = capsys.readouterr().out
             return "" if status == 0 and "days" in out else f"exit {status}: {out[-300:]}"
+        elif program == "bert-plan" and args[0] == "fit":
+            status = importlib.import_module("commodity_bert.plan.cli").main(args)
+            out = capsys.readouterr().out
+            return "" if status == 0 and "micro-batch: " in out else f"exit {status}: {out[-300:]}"
         elif program == "bert-plan":
             importlib.import_module("commodity_bert.plan.cli").parse_args(args)
         elif program in ("bert-launch", "deepspeed"):
