@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model, set_dropout  # noqa: E402
 from commodity_bert.plan import memory_trace  # noqa: E402
-from commodity_bert.plan.memory import GIB, GPUS, Batch, Setup, Shape, activation_bytes, state_bytes  # noqa: E402
+from commodity_bert.plan.memory import GPUS, Batch, Setup, Shape, activation_bytes, state_bytes  # noqa: E402
 
 VOCAB = 30522
 ACTIVATION_CASES = [  # model, sequences, width, dropout, device, profile, precision, real lengths

@@ -10,7 +10,7 @@ import torch
 
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model, set_dropout
 from commodity_bert.plan import memory_trace
-from commodity_bert.plan.memory import GIB, GPUS, Batch, Setup, Shape, activation_bytes, gpu_named, state_bytes
+from commodity_bert.plan.memory import GPUS, Batch, Setup, Shape, activation_bytes, gpu_named, state_bytes
 
 VOCAB = 30522
 
