@@ -149,6 +149,11 @@ class RunConfig:
         """fp16's "loss_scale" (0 or absent: dynamic)."""
         return (self.given.get("fp16") or {}).get("loss_scale", 0)
 
+    @property
+    def initial_scale_power(self) -> int:
+        """fp16's dynamic loss scale starts at 2 to this power (DeepSpeed's default 16)."""
+        return (self.given.get("fp16") or {}).get("initial_scale_power", 16)
+
     # ---- the project's block
     def given_section(self, name: str) -> dict | None:
         """Section `name` as written, None where the block has none."""

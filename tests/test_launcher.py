@@ -119,10 +119,11 @@ def stopped_and_saved(launcher: subprocess.Popen, run: Path, before: int) -> tup
     return output, step
 
 
-def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signals) -> tuple[str, int]:
+def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signals,
+                  port_flag: str = "--master_port") -> tuple[str, int]:
     """Launch train.py with bert-launch, send `sig` to bert-launch alone once a new step is logged."""
     before = last_step(run)
-    launcher = start(*launcher_args, "--master_port", free_port(), "train.py", *COMMON, "--data", data,
+    launcher = start(*launcher_args, port_flag, free_port(), "train.py", *COMMON, "--data", data,
                      "--output-dir", run, "--max-steps", 100000)
     wait_for(lambda: last_step(run) > before, launcher)
     os.kill(launcher.pid, sig)
@@ -130,10 +131,10 @@ def stop_training(launcher_args: list, run: Path, data: Path, sig: signal.Signal
 
 
 def test_a_stop_signal_saves_exits_zero_and_the_relaunch_continues(tmp_path, train_data):
-    """One run through three launches, each stopped by a signal once it has logged a step: to
+    """One run through four launches, each stopped by a signal once it has logged a step: to
     bert-launch alone (SIGTERM); to bert-launch in the per-node form of the Slurm srun recipe
     (Slurm's USR1); to the ranks themselves under DeepSpeed's own per-node launcher (SIGTERM, as a
-    scheduler sends it to every process)."""
+    scheduler sends it to every process); to `bert-launch --torchrun` alone (SIGTERM)."""
     run = tmp_path / "run"
     _, first = stop_training(["--num_gpus", 2], run, train_data, signal.SIGTERM)
     hostfile = tmp_path / "hostfile"
@@ -148,9 +149,14 @@ def test_a_stop_signal_saves_exits_zero_and_the_relaunch_continues(tmp_path, tra
     for rank in rank_processes(launcher):
         os.kill(rank.pid, signal.SIGTERM)
     output, third = stopped_and_saved(launcher, run, second)
+    # torchrun under bert-launch (SIGTERM to bert-launch alone): the ranks are asked, torchrun
+    # sees them succeed, and the exit status is 0 (torchrun signalled itself exits 1)
+    output, fourth = stop_training(["--torchrun", "--nproc-per-node", 2], run, train_data, signal.SIGTERM,
+                                   port_flag="--master-port")
+    assert "SignalException" not in output
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == sorted(set(steps)) and {first, second} <= set(steps), steps  # each went on from its checkpoint
-    assert steps[-1] == third and f"stopping at step {third}" in output
+    assert steps == sorted(set(steps)) and {first, second, third} <= set(steps), steps  # each went on from its checkpoint
+    assert steps[-1] == fourth and f"stopping at step {fourth}" in output
 
 
 # ---- stand-in ranks: how bert-launch reaches the ranks and when it gives up

@@ -51,8 +51,9 @@ def test_state_by_hand():
     a parameter, and error feedback of a quarter of them, 4 + 4/2 bytes each; LAMB under ZeRO 1 on
     4 ranks: the master and moments split 4 ways."""
     onebit = Setup("bf16", 0, "onebitlamb")
-    assert state_bytes(1000, onebit, world=8, slices=4) == {"weights": 2000, "master": 4000, "optimizer": 12000,
-                                                            "exchange": 1000 / 4 * (4 + 4 / 2)}
+    assert state_bytes(1000, onebit, world=8, slices=4, among=2) == {
+        "weights": 2000, "master": 4000, "optimizer": 12000, "exchange": 1000 / 4 * (4 + 4 / 2)}
+    assert state_bytes(1000, onebit, world=8)["exchange"] == 1000 * (4 + 4 / 8)  # flat among 8
     zero1 = Setup("bf16", 1, "lamb")
     assert state_bytes(1000, zero1, world=4) == {"weights": 2000, "master": 1000, "optimizer": 2000, "exchange": 0}
     diloco = Setup("fp32", 0, "lamb", {"outer_state_device": "cpu", "compression": "int4", "error_feedback": True})
@@ -80,7 +81,7 @@ def test_fit_on_the_recipes_cluster_of_3090s(tmp_path, capsys):
                        "--json", str(out_json))
     assert code == 0, out
     assert "precision: bf16" in out and "bert_base_phase1_lamb_bf16.json" in out
-    assert "micro-batch: 64 (the config’s), accumulation 102: a global batch of 65,280" in out
+    assert "micro-batch: 64 (the config's), accumulation 102: a global batch of 65,280" in out
     assert "activation checkpointing: not needed" in out
     answer = json.loads(out_json.read_text())
     assert answer["world"] == 10 and 4 < answer["peak_gib"] < 12 and answer["checkpointing"] == "no"

@@ -1,6 +1,7 @@
 """bert-launch: DeepSpeed's launcher, with a stop signal that reaches the ranks.
 
     bert-launch [--stop_grace SECONDS] [deepspeed's options] train.py [train.py's options]
+    bert-launch [--stop_grace SECONDS] --torchrun [torchrun's options] train.py [train.py's options]
 
 Preemption warnings (a cloud's SIGTERM, Slurm's `--signal=USR1@...`) reach the process you
 started, and DeepSpeed's launcher does not pass the stop on to the ranks. For a local launch
@@ -20,6 +21,10 @@ enough), save a checkpoint, export and exit 0. How the ranks are reached:
                                      as DeepSpeed's runner does for its own kill command
   --launcher openmpi                 SIGUSR1 to mpirun, which passes it on to every rank (the
                                      other MPI launchers, srun included, alike; untested)
+  --torchrun (one per node)          SIGUSR1 to each rank, the children of torchrun's agent. torchrun
+                                     signalled itself passes SIGTERM to the ranks, which save and
+                                     exit 0, and then exits 1 with a SignalException; left alone,
+                                     it sees its ranks succeed and exits 0
 
 A second signal, or ranks still running `--stop_grace` seconds (default 300) after the first,
 ends the run DeepSpeed's way: SIGTERM to the runner and everything it started (launch.py then
@@ -77,6 +82,11 @@ DEEPSPEED_FLAGS = {"--module", "--no_python", "--no_local_rank", "--no_ssh", "--
 # and the ranks), then DeepSpeed's runner as `python -m deepspeed.launcher.runner` would run it.
 RUNNER = ("import runpy, signal; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
           "runpy.run_module('deepspeed.launcher.runner', run_name='__main__', alter_sys=True)")
+
+
+# torchrun's agent alike (`bert-launch --torchrun`), as the `torchrun` command runs it
+TORCHRUN = ("import runpy, signal; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+            "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)")
 
 
 class UsageError(Exception):
@@ -145,6 +155,35 @@ def parse_deepspeed_args(argv: list[str]):
         if "user_script" in message:
             message = "no training script given: bert-launch [deepspeed's options] train.py [train.py's options]"
         raise UsageError(message) from None
+
+
+def parse_torchrun_args(argv: list[str]):
+    """torchrun's own parser, its complaint turned into one line; the script as `user_script`."""
+    from torch.distributed.run import get_args_parser
+    complaint = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(complaint):
+            args = get_args_parser().parse_args(argv)
+    except SystemExit:
+        lines = complaint.getvalue().strip().splitlines() or ["error: bad arguments"]
+        message = lines[-1].split("error: ", 1)[-1]
+        if "training_script" in message:
+            message = "no training script given: bert-launch --torchrun [torchrun's options] train.py [train.py's options]"
+        raise UsageError(message) from None
+    args.user_script = args.training_script
+    return args
+
+
+def split_torchrun(argv: list[str]) -> tuple[float, list[str]] | None:
+    """(--stop_grace, torchrun's arguments) where bert-launch's `--torchrun` comes before the
+    script (only --stop_grace may precede it); None for a DeepSpeed launch."""
+    if "--torchrun" not in argv:
+        return None
+    at = argv.index("--torchrun")
+    grace, rest = split_argv(argv[:at])
+    if rest:
+        raise UsageError(f"{' '.join(rest)} before --torchrun: give --torchrun first, then torchrun's options")
+    return grace, argv[at + 1:]
 
 
 def check_hostfile(args) -> None:
@@ -266,10 +305,12 @@ def describe(code: int) -> str:
 class Job:
     """DeepSpeed's runner as a child, watched until it and every rank have exited."""
 
-    def __init__(self, args, ds_argv: list[str], grace_s: float, received: list[int]):
+    def __init__(self, args, ds_argv: list[str], grace_s: float, received: list[int], torchrun: bool = False):
         self.grace_s = grace_s
         self.received = received                # stop signals, in order (main's handlers append)
-        hosts = remote_hosts(args)
+        self.torchrun = torchrun
+        self.runner_name = "torchrun" if torchrun else "DeepSpeed's runner"
+        hosts = [] if torchrun else remote_hosts(args)
         if hosts and args.launcher.lower() == "pdsh":
             self.route = "pdsh"
             self.pkill = self._pdsh_pkill_command(args, hosts)
@@ -287,9 +328,10 @@ class Job:
         self.pkill_log = None
         self.pkill_reported = False
         self.children: dict[int, subprocess.Popen] = {}
-        self.script, self.local_rank_flag = args.user_script, not args.no_local_rank
+        self.script = args.user_script
+        self.local_rank_flag = not torchrun and not args.no_local_rank  # torchrun tells the rank by its environment
         become_subreaper()
-        self.runner = self._spawn([sys.executable, "-u", "-c", RUNNER, *ds_argv])
+        self.runner = self._spawn([sys.executable, "-u", "-c", TORCHRUN if torchrun else RUNNER, *ds_argv])
         self.me = psutil.Process()
 
     def _spawn(self, cmd: list[str], **kwargs) -> subprocess.Popen:
@@ -346,6 +388,11 @@ class Job:
             with contextlib.suppress(psutil.Error):
                 for rank in launcher.children():
                     self.ranks.setdefault(rank.pid, rank)
+        if self.torchrun:  # the agent's children that run the script are the ranks
+            with contextlib.suppress(psutil.Error):
+                for rank in psutil.Process(self.runner.pid).children():
+                    if self.script in rank.cmdline():
+                        self.ranks.setdefault(rank.pid, rank)
 
     def running(self) -> list[psutil.Process]:
         return [p for pid, p in {**self.launchers, **self.ranks}.items()
@@ -407,12 +454,12 @@ class Job:
     def escalate(self, why: str) -> None:
         """DeepSpeed's own stop: SIGTERM to the runner and everything in its process group."""
         self.escalated_at = time.time()
-        say(f"{why}: SIGTERM to DeepSpeed's runner and the ranks")
+        say(f"{why}: SIGTERM to {self.runner_name} and the ranks")
         self._signal_all(signal.SIGTERM)
 
     def kill(self, why: str) -> None:
         self.killed = True
-        say(f"{why}: SIGKILL to DeepSpeed's runner and the ranks")
+        say(f"{why}: SIGKILL to {self.runner_name} and the ranks")
         self._signal_all(signal.SIGKILL)
 
     def _signal_all(self, sig: int) -> None:
@@ -444,7 +491,7 @@ class Job:
         return self.verdict()
 
     def verdict(self) -> int:
-        failures = [f"DeepSpeed's runner: {describe(self.runner.returncode)}"] if self.runner.returncode else []
+        failures = [f"{self.runner_name}: {describe(self.runner.returncode)}"] if self.runner.returncode else []
         failures += [f"{'rank' if pid in self.ranks else 'launch.py'} {pid}: {describe(code)}"
                      for pid, code in sorted(self.exit_codes.items()) if code != 0]
         if self.stop_at is not None:
@@ -466,16 +513,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         signal.signal(sig, lambda signum, frame: received.append(signum))
     try:
-        grace_s, ds_argv = split_argv(argv)
-        args = parse_deepspeed_args(ds_argv)
-        check_hostfile(args)
+        torchrun = split_torchrun(argv)
+        if torchrun is not None:
+            grace_s, ds_argv = torchrun
+            args = parse_torchrun_args(ds_argv)
+        else:
+            grace_s, ds_argv = split_argv(argv)
+            args = parse_deepspeed_args(ds_argv)
+            check_hostfile(args)
     except UsageError as error:
         print(f"bert-launch: error: {error}", file=sys.stderr)
         return 2
     if received:
         say(f"{signal.Signals(received[0]).name} before anything started: not launching")
         return 0
-    return Job(args, ds_argv, grace_s, received).wait()
+    return Job(args, ds_argv, grace_s, received, torchrun=torchrun is not None).wait()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from commodity_bert.comm.topology import hierarchy_setting
 from commodity_bert.plan.estimate import DS_CONFIGS, read_config
 from commodity_bert.plan.memory import (
     CONTEXT_BYTES,
@@ -65,20 +66,21 @@ def run(args) -> dict:
     path = config_path(args, card)
     config = RunConfig.of(read_config(path))
     gpus = parse_list(args.gpus_per_node, "--gpus-per-node")
-    world, slices = (sum(gpus), min(gpus)) if len(gpus) > 1 else (args.nodes * gpus[0], gpus[0])
     nodes = len(gpus) if len(gpus) > 1 else args.nodes
-    slices = slices if nodes > 1 else 1  # one node: the exchange is flat
+    world = sum(gpus) if len(gpus) > 1 else nodes * gpus[0]
+    # the compressed exchanges in two levels (comm/topology.py): slices of the smallest node's ranks among the nodes
+    levels = nodes > 1 and max(gpus) > 1 and hierarchy_setting(config) is not False
+    slices, among = (min(gpus), nodes) if levels else (1, world)
     shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
     setup = Setup.of(config)
     asked_micro = int(config.micro_batch or 8)
-    result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices)
+    result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices, among)
     shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else str(path)
     lines = [f"{args.model} ({shape.params / 1e6:.0f}M parameters), seq {args.seq_len}, {shown} on {card.name} "
              f"({card.memory_gib:.1f} GiB, compute capability {card.capability[0]}.{card.capability[1]}), "
              f"{world} rank{'s' if world > 1 else ''}"]
     if result.precision == "fp16":
-        scale = config.given.get("fp16") or {}
-        lines.append(f"precision: fp16 with dynamic loss scaling (from 2^{scale.get('initial_scale_power', 16)}, "
+        lines.append(f"precision: fp16 with dynamic loss scaling (from 2^{config.initial_scale_power}, "
                      f"halved on an overflow): the card has no bf16"
                      + (f"; use {twin(path, 'fp16')}" if setup.precision == "bf16" and twin(path, "fp16") else ""))
     elif result.precision == "bf16":
@@ -99,8 +101,9 @@ def run(args) -> dict:
         asked = int(config.train_batch_size or micro * int(config.accumulation or 1) * world)
         batch = fit_global_batch(asked, micro, world)
         kept = "" if batch.total == asked else f" (the config's {asked:,} is not a multiple the ranks make)"
-        lines.append(f"micro-batch: {batch.micro}{' (the config’s)' if batch.micro == asked_micro else f' (the config asks {asked_micro})'}"
-                     f", accumulation {batch.accumulation}: a global batch of {batch.total:,}{kept}")
+        whose = " (the config's)" if batch.micro == asked_micro else f" (the config asks {asked_micro})"
+        lines.append(f"micro-batch: {batch.micro}{whose}, accumulation {batch.accumulation}: "
+                     f"a global batch of {batch.total:,}{kept}")
         switch = '"commodity_bert": {"activation_checkpointing": {"enabled": true}}'
         lines.append({
             "needed": f"activation checkpointing: needed (nothing fits without it; it costs about one more forward "
@@ -111,7 +114,7 @@ def run(args) -> dict:
                         f"{result.micro_checkpointed}, for about one more forward pass of compute",
             "no": "activation checkpointing: not needed"}[advice])
         most, _ = largest_micro(shape, args.seq_len, Setup(result.precision, setup.zero_stage, setup.optimizer,
-                                setup.diloco, setup.dropout), card, 8 * asked_micro, world, slices, False)
+                                setup.diloco, setup.dropout), card, 8 * asked_micro, world, slices, among, False)
         if most and most > asked_micro:
             lines.append(f"room: up to {most} sequences a micro-batch fit without checkpointing "
                          f"(train_micro_batch_size_per_gpu; the same global batch in fewer passes)")

@@ -194,17 +194,17 @@ class Memory:
         return self.allocated * (1 + FRAGMENTATION) + self.context
 
 
-def state_bytes(params: int, setup: Setup, world: int, slices: int = 1) -> dict[str, float]:
-    """The tensors a rank holds between steps, by kind (the module docstring). `slices`: the
-    two-level exchange's (the ranks of the smallest node), whose slice the 1-bit error feedback
-    covers; 1 for the flat exchange."""
+def state_bytes(params: int, setup: Setup, world: int, slices: int = 1, among: int | None = None) -> dict[str, float]:
+    """The tensors a rank holds between steps, by kind (the module docstring). In two levels the
+    1-bit error feedback covers one of `slices` slices (the smallest node's ranks) and its server
+    chunk is one of `among` (the nodes); flat, the whole buffer among all `world` ranks."""
     half = setup.precision in ("bf16", "fp16")
     partition = world if setup.zero_stage >= 1 else 1
     state = {"weights": params * (2 if half else 4),
              "master": params * 4 / partition if half or setup.zero_stage >= 1 else 0.0,
              "optimizer": params * OPTIMIZER_STATE.get(setup.optimizer, 8) / partition,
              "exchange": 0.0}
-    between = max(1, world // slices)  # the ranks one 1-bit exchange runs among
+    between = among or world  # the ranks one compressed exchange runs among
     if setup.optimizer in ONE_BIT:
         state["exchange"] = params / slices * (4 + 4 / between)
     if setup.diloco:
@@ -215,13 +215,13 @@ def state_bytes(params: int, setup: Setup, world: int, slices: int = 1) -> dict[
     return state
 
 
-def memory(shape: Shape, batch: Batch, setup: Setup, world: int = 1, slices: int = 1,
+def memory(shape: Shape, batch: Batch, setup: Setup, world: int = 1, slices: int = 1, among: int | None = None,
            checkpointing: bool | None = None) -> Memory:
     """A rank's memory at its peak for micro-batches like `batch`."""
     checkpointing = setup.checkpointing if checkpointing is None else checkpointing
     half = setup.precision in ("bf16", "fp16")
     gradients = shape.params * (2 if half else 4) / (world if setup.zero_stage >= 2 else 1)
-    return Memory(state_bytes(shape.params, setup, world, slices), gradients,
+    return Memory(state_bytes(shape.params, setup, world, slices, among), gradients,
                   shape.params * 4.0 if half else 0.0,
                   activation_bytes(shape, batch, setup.precision, setup.dropout, "cuda", checkpointing))
 
@@ -250,21 +250,22 @@ class Fit:
 
 
 def largest_micro(shape: Shape, seq_len: int, setup: Setup, gpu: Gpu, up_to: int, world: int, slices: int,
-                  checkpointing: bool) -> tuple[int | None, Memory | None]:
+                  among: int | None, checkpointing: bool) -> tuple[int | None, Memory | None]:
     """The largest micro-batch ≤ `up_to` whose peak fits the card."""
     for micro in range(up_to, 0, -1):
-        need = memory(shape, Batch.full(micro, seq_len), setup, world, slices, checkpointing)
+        need = memory(shape, Batch.full(micro, seq_len), setup, world, slices, among, checkpointing)
         if need.total <= gpu.memory_gib * GIB:
             return micro, need
     return None, None
 
 
 def fit(shape: Shape, seq_len: int, setup: Setup, gpu: Gpu, asked_micro: int, world: int = 1,
-        slices: int = 1) -> Fit:
+        slices: int = 1, among: int | None = None) -> Fit:
+    """The answer for `gpu` (memory.py's docstring; `slices` and `among` as state_bytes takes them)."""
     precision = setup.precision if setup.precision == "fp32" else ("bf16" if gpu.bf16 else "fp16")
     setup = Setup(precision, setup.zero_stage, setup.optimizer, setup.diloco, setup.dropout, setup.checkpointing)
-    micro, plain = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, False)
-    checked, with_checkpoints = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, True)
+    micro, plain = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, among, False)
+    checked, with_checkpoints = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, among, True)
     result = Fit(gpu, precision, micro, checked, asked_micro, plain)
     if result.checkpointing in ("needed", "recommended"):
         result.chosen = with_checkpoints

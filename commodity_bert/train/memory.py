@@ -7,6 +7,8 @@ import gc
 
 import torch
 
+TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
 
 def live_tensor_bytes(device: torch.device) -> int:
     """Bytes of the tensors alive in this process on `device`'s type, each storage counted once.
@@ -15,13 +17,15 @@ def live_tensor_bytes(device: torch.device) -> int:
     gc.collect()
     storages: dict[int, int] = {}
     for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.device.type != device.type or obj.is_meta:
-                continue
-            storage = obj.untyped_storage()
-        except Exception:  # noqa: BLE001 - objects half torn down, tensor subclasses without storage
+        # by exact type: torch.compile's fake tensors have no data, and isinstance would ask
+        # every object, deprecated module attributes included, for its class
+        if type(obj) not in TENSOR_TYPES or obj.device.type != device.type or obj.is_meta:
             continue
-        storages.setdefault(storage.data_ptr(), storage.nbytes())
+        try:
+            storage = obj.untyped_storage()
+            storages.setdefault(storage.data_ptr(), storage.nbytes())
+        except RuntimeError:  # a tensor without storage
+            continue
     storages.pop(0, None)  # empty tensors
     return sum(storages.values())
 
