@@ -101,6 +101,10 @@ def test_fit_on_cards_without_bf16_and_small_ones(capsys):
     assert "activation checkpointing: recommended: without it the micro-batch is 2; with it 2" in out, out
     code, out, _ = fit(capsys, "--gpu-mem", "6", *quickstart)
     assert code == 0 and "does not fit" in out, out
-    code, _, err = fit(capsys, "--gpu", "K80")
-    assert code == 2 and err.strip().startswith("bert-plan: error: --gpu K80: not a card bert-plan knows")
-    assert err.count("\n") == 1
+    for argv, words in ((["--gpu", "K80"], "--gpu K80: not a card bert-plan knows"),
+                        (["--gpu", "3090", "--gpu-mem", "24"], "give --gpu NAME"),
+                        (["--gpu", "3090", "--seq-len", "256"], "no shipped config for --model base at --seq-len 256"),
+                        (["--gpu", "3090", "--model", "nowhere.json", "--config",
+                          "ds_configs/bert_base_phase1_lamb_bf16.json"], "--model nowhere.json: not a preset")):
+        code, _, err = fit(capsys, *argv)
+        assert code == 2 and err.startswith(f"bert-plan: error: {words}") and err.count("\n") == 1, err

@@ -58,7 +58,7 @@ def twin(path: Path, precision: str) -> str:
 
 
 def run(args) -> dict:
-    from commodity_bert.model.bert import build_config
+    from commodity_bert.model.bert import ModelConfigError, build_config
     from commodity_bert.plan.estimate import parse_list
     from commodity_bert.train.launch_checks import fit_global_batch
 
@@ -71,7 +71,10 @@ def run(args) -> dict:
     # the compressed exchanges in two levels (comm/topology.py): slices of the smallest node's ranks among the nodes
     levels = nodes > 1 and max(gpus) > 1 and hierarchy_setting(config) is not False
     slices, among = (min(gpus), nodes) if levels else (1, world)
-    shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
+    try:
+        shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
+    except ModelConfigError as error:
+        raise PlanError(str(error)) from None
     setup = Setup.of(config)
     asked_micro = int(config.micro_batch or 8)
     result = fit(shape, args.seq_len, setup, card, asked_micro, world, slices, among)
