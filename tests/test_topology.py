@@ -71,6 +71,10 @@ def _worker(rank, world, port, results, node_of):
     for compression in ("none", "int8"):
         got = hierarchy.average(mine.clone(), lambda part: average(part, compression, hierarchy.cross))
         out[f"diloco_{compression}"] = relative(got, exact)
+    # the same through the node's collectives, the path GPUs take (NCCL's there, gloo's here)
+    between = (lambda part: average(part, "none", hierarchy.cross)) if hierarchy.holds_slice else None
+    got = hierarchy._average_with_collectives(mine.clone(), hierarchy.slice_numel(NUMEL), between, hierarchy.divisor)
+    out["collectives_none"] = relative(got, exact)
 
     # 4. on one node (the local group alone), with nothing between: the exact mean of the node
     node_mean = hierarchy.average(mine.clone(), None)
@@ -100,7 +104,7 @@ def check_two_levels(results: dict, node_of: list[int]) -> dict:
         assert two["one_call"] < flat["one_call"] < 1.0, (two, flat)
         assert two["mean_of_30"] < 0.1 and flat["mean_of_30"] < 0.1, (two, flat)
         # the mean over all ranks, each node's sum weighted by its ranks (not the mean of nodes)
-        assert out["diloco_none"] < 1e-6 and out["diloco_int8"] < 0.01, out
+        assert out["diloco_none"] < 1e-6 and out["diloco_int8"] < 0.01 and out["collectives_none"] < 1e-6, out
         assert out["one_node_error"] < 1e-5
         if not out["holds_slice"]:
             assert two["between_sent"] == 0, (rank, two)

@@ -159,6 +159,11 @@ class Hierarchy:
             between = None
         if flat.device.type == "cpu":
             return self._average_in_shared_memory(flat, part, between, divisor)
+        return self._average_with_collectives(flat, part, between, divisor)
+
+    def _average_with_collectives(self, flat, part, between, divisor) -> torch.Tensor:
+        """GPUs: NCCL's reduce-scatter and all-gather inside the node (on CPU ranks, gloo's)."""
+        numel = flat.numel()
         # one chunk per local rank; those past the slices carry zeros and come back unused
         padded = torch.zeros(part * self.local_size, device=flat.device)
         padded[:numel] = flat
