@@ -25,9 +25,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from commodity_bert.model.bert import PretrainingModel, build_config, build_model, set_dropout  # noqa: E402
+from commodity_bert.model.bert import build_config  # noqa: E402
 from commodity_bert.plan import memory_trace  # noqa: E402
-from commodity_bert.plan.memory import GPUS, Batch, Setup, Shape, activation_bytes, state_bytes  # noqa: E402
+from commodity_bert.plan.memory import GPUS, Setup, Shape, state_bytes  # noqa: E402
 
 VOCAB = 30522
 ACTIVATION_CASES = [  # model, sequences, width, dropout, device, profile, precision, real lengths
@@ -46,24 +46,8 @@ STATE_CONFIGS = ["cpu_tiny_lamb.json", "cpu_tiny_lamb_bucketwise_clip.json", "cp
 
 def activations() -> list[dict]:
     rows = []
-    for spec, sequences, width, dropout, device, profile, precision, lengths in ACTIVATION_CASES:
-        config = build_config(spec, VOCAB)
-        with torch.device(device):
-            hf_model = build_model(config, nsp=True)
-        hf_model = hf_model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
-        set_dropout(hf_model, dropout)
-        model = PretrainingModel(hf_model).train()
-        masked = sequences * round(0.15 * width)
-        torch.manual_seed(0)
-        batch = memory_trace.synthetic_batch(sequences, width, VOCAB, masked, device, lengths)
-        traced = memory_trace.saved_bytes(model, batch, profile)
-        tokens = sum(lengths) if lengths else sequences * width
-        shape = Shape(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                      config.num_attention_heads, VOCAB, 0, True)
-        modelled = activation_bytes(shape, Batch(sequences, width, tokens, masked), precision, dropout, profile)
-        rows.append({"model": spec, "sequences": sequences, "width": width, "tokens": tokens, "dropout": dropout,
-                     "tensors": device, "kernels": profile, "precision": precision, "traced_bytes": traced,
-                     "modelled_bytes": modelled, "error": modelled / traced - 1})
+    for case in ACTIVATION_CASES:
+        rows.append(memory_trace.traced_and_modelled(*case, nsp=True, vocab=VOCAB))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -6,30 +6,9 @@ test_comm_modes.py; here the fit's answers, by hand."""
 import json
 
 import pytest
-import torch
 
-from commodity_bert.model.bert import PretrainingModel, build_config, build_model, set_dropout
 from commodity_bert.plan import memory_trace
-from commodity_bert.plan.memory import GPUS, Batch, Setup, Shape, activation_bytes, gpu_named, state_bytes
-
-VOCAB = 30522
-
-
-def traced_and_modelled(spec, sequences, width, dropout, device, profile, precision, lengths=None, nsp=False):
-    config = build_config(spec, VOCAB)
-    with torch.device(device):
-        hf_model = build_model(config, nsp=nsp)
-    hf_model = hf_model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
-    set_dropout(hf_model, dropout)
-    model = PretrainingModel(hf_model).train()
-    masked = sequences * round(0.15 * width)
-    torch.manual_seed(0)
-    batch = memory_trace.synthetic_batch(sequences, width, VOCAB, masked, device, lengths)
-    traced = memory_trace.saved_bytes(model, batch, profile)
-    shape = Shape(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                  config.num_attention_heads, VOCAB, 0, nsp)
-    tokens = sum(lengths) if lengths else sequences * width
-    return traced, activation_bytes(shape, Batch(sequences, width, tokens, masked), precision, dropout, profile)
+from commodity_bert.plan.memory import GPUS, Setup, gpu_named, state_bytes
 
 
 @pytest.mark.parametrize("case", [
@@ -42,8 +21,8 @@ def traced_and_modelled(spec, sequences, width, dropout, device, profile, precis
     ("large", 8, 128, 0.1, "meta", "cuda", "bf16", None, True),
 ], ids=lambda c: f"{c[0]}-b{c[1]}-w{c[2]}-{c[5]}-{c[6]}-dropout{c[3]}")
 def test_activations_as_autograd_saves_them(case):
-    traced, modelled = traced_and_modelled(*case)
-    assert modelled == pytest.approx(traced, rel=1e-3), (traced / 2**20, modelled / 2**20)
+    check = memory_trace.traced_and_modelled(*case)
+    assert check["modelled_bytes"] == pytest.approx(check["traced_bytes"], rel=1e-3), check
 
 
 def test_state_by_hand():

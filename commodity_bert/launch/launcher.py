@@ -145,33 +145,32 @@ def parse_deepspeed_args(argv: list[str]):
         print(__doc__.split("\n\n")[1].strip() + "\n\n  --stop_grace SECONDS  how long the ranks get to save and "
               f"exit after a stop signal (default {DEFAULT_STOP_GRACE_S:.0f})\n\ndeepspeed's options:")
         ds_runner.parse_args(["--help"])  # prints and exits 0
-    complaint = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(complaint):
-            return ds_runner.parse_args(argv)
-    except SystemExit:
-        lines = complaint.getvalue().strip().splitlines() or ["error: bad arguments"]
-        message = lines[-1].split("error: ", 1)[-1]
-        if "user_script" in message:
-            message = "no training script given: bert-launch [deepspeed's options] train.py [train.py's options]"
-        raise UsageError(message) from None
+    return parsed_or_one_line(ds_runner.parse_args, argv, "user_script",
+                              "bert-launch [deepspeed's options] train.py [train.py's options]")
 
 
 def parse_torchrun_args(argv: list[str]):
     """torchrun's own parser, its complaint turned into one line; the script as `user_script`."""
     from torch.distributed.run import get_args_parser
+    args = parsed_or_one_line(get_args_parser().parse_args, argv, "training_script",
+                              "bert-launch --torchrun [torchrun's options] train.py [train.py's options]")
+    args.user_script = args.training_script
+    return args
+
+
+def parsed_or_one_line(parse, argv: list[str], script: str, usage: str):
+    """`parse(argv)`, or its argparse complaint as a UsageError of one line (`usage` where the
+    missing argument is the script, named `script` by that parser)."""
     complaint = io.StringIO()
     try:
         with contextlib.redirect_stderr(complaint):
-            args = get_args_parser().parse_args(argv)
+            return parse(argv)
     except SystemExit:
         lines = complaint.getvalue().strip().splitlines() or ["error: bad arguments"]
         message = lines[-1].split("error: ", 1)[-1]
-        if "training_script" in message:
-            message = "no training script given: bert-launch --torchrun [torchrun's options] train.py [train.py's options]"
+        if script in message:
+            message = f"no training script given: {usage}"
         raise UsageError(message) from None
-    args.user_script = args.training_script
-    return args
 
 
 def split_torchrun(argv: list[str]) -> tuple[float, list[str]] | None:

@@ -82,3 +82,29 @@ def saved_bytes(model: torch.nn.Module, batch: dict, profile: str = "cpu") -> in
     with kernels(profile), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(batch)
     return sum(seen.values())
+
+
+def traced_and_modelled(spec: str, sequences: int, width: int, dropout: float, device: str, profile: str,
+                        precision: str, lengths: list[int] | None = None, nsp: bool = False,
+                        vocab: int = 30522) -> dict:
+    """One check of memory.py's activation term: model `spec` built on `device` ("cpu": real
+    tensors, "meta": shapes only), one forward on a synthetic batch (15% of each width masked),
+    the bytes autograd saved against the formula's."""
+    from commodity_bert.model.bert import PretrainingModel, build_config, build_model, set_dropout
+    from commodity_bert.plan.memory import Batch, Shape, activation_bytes
+    config = build_config(spec, vocab)
+    with torch.device(device):
+        hf_model = build_model(config, nsp=nsp)
+    hf_model = hf_model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+    set_dropout(hf_model, dropout)
+    model = PretrainingModel(hf_model).train()
+    masked = sequences * round(0.15 * width)
+    torch.manual_seed(0)
+    traced = saved_bytes(model, synthetic_batch(sequences, width, vocab, masked, device, lengths), profile)
+    tokens = sum(lengths) if lengths else sequences * width
+    shape = Shape(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
+                  config.num_attention_heads, vocab, 0, nsp)
+    modelled = activation_bytes(shape, Batch(sequences, width, tokens, masked), precision, dropout, profile)
+    return {"model": spec, "sequences": sequences, "width": width, "tokens": tokens, "dropout": dropout,
+            "tensors": device, "kernels": profile, "precision": precision, "nsp": nsp, "traced_bytes": traced,
+            "modelled_bytes": modelled, "error": modelled / traced - 1}
