@@ -60,7 +60,6 @@ from commodity_bert.train import checkpoint, downstream_watcher, failures, run_l
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
-from commodity_bert.train.memory import live_tensor_bytes, peak_allocated_bytes
 from commodity_bert.train.launch_checks import (
     BatchSizes,
     LaunchError,
@@ -75,6 +74,7 @@ from commodity_bert.train.launch_checks import (
     pretraining_settings,
     schedule_end_warning,
 )
+from commodity_bert.train.memory import live_tensor_bytes, peak_allocated_bytes
 from commodity_bert.train.metrics import MetricsLogger, monitor_problem
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
 

@@ -350,8 +350,10 @@ def test_preflight_names_a_slowed_link(cluster, tmp_path):
     speeds = {(r["from"], r["to"]): r["gbit_s"] for r in profile["links"]}
     assert set(speeds) == {("node1", "node2"), ("node2", "node1")}
     assert speeds[("node2", "node1")] < 0.025 < speeds[("node1", "node2")]
-    assert len(profile["problems"]) == 1 and profile["problems"][0].startswith("slow link: node2 sends")
-    assert f"problem: {profile['problems'][0]}" in proc.stdout
+    # the link's line alone: beside other tests on 2 shared cores a rank may also be named as slow
+    [link] = [p for p in profile["problems"] if p.startswith("slow link")]
+    assert link.startswith("slow link: node2 sends"), profile["problems"]
+    assert f"problem: {link}" in proc.stdout
     # where each host is reached, and the lines to paste
     assert f"node1: eth0 {cluster.addresses[0]} reaches node2" in proc.stdout
     assert f"node2: eth0 {cluster.addresses[1]} reaches node1" in proc.stdout

@@ -6,8 +6,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from commodity_bert.comm.bucketwise import bucket_mb
 from commodity_bert.comm.diloco import DEFAULTS as DILOCO_DEFAULTS
 from commodity_bert.comm.diloco import diloco_settings
@@ -43,10 +41,9 @@ class Compute:
 
 
 def parameter_count(model: str, vocab_size: int, nsp: bool = True) -> int:
-    from commodity_bert.model.bert import build_config, build_model
-    with torch.device("meta"):
-        module = build_model(build_config(model, vocab_size), nsp=nsp)
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+    from commodity_bert.model.bert import build_config
+    from commodity_bert.plan.memory import Shape
+    return Shape.of(build_config(model, vocab_size), nsp=nsp).params
 
 
 def forward_backward_flops(model: str, vocab_size: int, seq_len: int, micro_batch: int) -> float:

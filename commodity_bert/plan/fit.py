@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
-from commodity_bert.comm.topology import hierarchy_setting
+from commodity_bert.comm.topology import Topology, hierarchy_setting
 from commodity_bert.plan.estimate import DS_CONFIGS, read_config
 from commodity_bert.plan.memory import (
     CONTEXT_BYTES,
@@ -50,17 +51,10 @@ def config_path(args, card: Gpu) -> Path:
     return path
 
 
-def twin(path: Path, precision: str) -> str:
-    """The shipped config beside `path` in `precision` (its _bf16/_fp16 twin), if there is one."""
-    other = {"bf16": "fp16", "fp16": "bf16"}[precision]
-    candidate = path.with_name(path.name.replace(other, precision))
-    return str(candidate) if other in path.name and candidate.is_file() else ""
-
-
 def run(args) -> dict:
     from commodity_bert.model.bert import ModelConfigError, build_config
     from commodity_bert.plan.estimate import parse_list
-    from commodity_bert.train.launch_checks import fit_global_batch
+    from commodity_bert.train.launch_checks import fit_global_batch, precision_twin
 
     card = card_of(args)
     path = config_path(args, card)
@@ -68,9 +62,12 @@ def run(args) -> dict:
     gpus = parse_list(args.gpus_per_node, "--gpus-per-node")
     nodes = len(gpus) if len(gpus) > 1 else args.nodes
     world = sum(gpus) if len(gpus) > 1 else nodes * gpus[0]
-    # the compressed exchanges in two levels (comm/topology.py): slices of the smallest node's ranks among the nodes
-    levels = nodes > 1 and max(gpus) > 1 and hierarchy_setting(config) is not False
-    slices, among = (min(gpus), nodes) if levels else (1, world)
+    # the compressed exchanges in two levels where train.py's topology would choose them: slices of
+    # the smallest node's ranks among the nodes
+    topology = Topology([node for node, count in enumerate(gpus if len(gpus) > 1 else gpus * nodes)
+                         for _ in range(count)])
+    levels, _ = topology.choose(hierarchy_setting(config))
+    slices, among = (min(topology.ranks_per_node), nodes) if levels else (1, world)
     try:
         shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
     except ModelConfigError as error:
@@ -85,10 +82,12 @@ def run(args) -> dict:
     if result.precision == "fp16":
         lines.append(f"precision: fp16 with dynamic loss scaling (from 2^{config.initial_scale_power}, "
                      f"halved on an overflow): the card has no bf16"
-                     + (f"; use {twin(path, 'fp16')}" if setup.precision == "bf16" and twin(path, "fp16") else ""))
+                     + (f"; use {precision_twin(path, 'fp16')}" if setup.precision == "bf16"
+                        and precision_twin(path, "fp16") else ""))
     elif result.precision == "bf16":
         lines.append("precision: bf16 (no loss scaling)"
-                     + (f"; use {twin(path, 'bf16')}" if setup.precision == "fp16" and twin(path, "bf16") else ""))
+                     + (f"; use {precision_twin(path, 'bf16')}" if setup.precision == "fp16"
+                        and precision_twin(path, "bf16") else ""))
     else:
         lines.append("precision: fp32, as the config asks")
     out = {"gpu": card.name, "memory_gib": card.memory_gib, "model": args.model, "params": shape.params,
@@ -116,8 +115,8 @@ def run(args) -> dict:
             "optional": f"activation checkpointing: not needed; with it the micro-batch could be "
                         f"{result.micro_checkpointed}, for about one more forward pass of compute",
             "no": "activation checkpointing: not needed"}[advice])
-        most, _ = largest_micro(shape, args.seq_len, Setup(result.precision, setup.zero_stage, setup.optimizer,
-                                setup.diloco, setup.dropout), card, 8 * asked_micro, world, slices, among, False)
+        most, _ = largest_micro(shape, args.seq_len, replace(setup, precision=result.precision), card,
+                                8 * asked_micro, world, slices, among, False)
         if most and most > asked_micro:
             lines.append(f"room: up to {most} sequences a micro-batch fit without checkpointing "
                          f"(train_micro_batch_size_per_gpu; the same global batch in fewer passes)")

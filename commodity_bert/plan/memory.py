@@ -44,14 +44,14 @@ were read from (tests/test_memory_model.py, benchmarks/memory_model.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.run_config import RunConfig
 
 GIB = 2**30
 CONTEXT_BYTES = 1.0 * GIB
 FRAGMENTATION = 0.10
-MASK_PROB = 0.15
 HF_DROPOUT = 0.1  # BertConfig's hidden and attention dropout, unless the config's pretraining block sets one
 
 
@@ -263,7 +263,7 @@ def fit(shape: Shape, seq_len: int, setup: Setup, gpu: Gpu, asked_micro: int, wo
         slices: int = 1, among: int | None = None) -> Fit:
     """The answer for `gpu` (memory.py's docstring; `slices` and `among` as state_bytes takes them)."""
     precision = setup.precision if setup.precision == "fp32" else ("bf16" if gpu.bf16 else "fp16")
-    setup = Setup(precision, setup.zero_stage, setup.optimizer, setup.diloco, setup.dropout, setup.checkpointing)
+    setup = replace(setup, precision=precision)
     micro, plain = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, among, False)
     checked, with_checkpoints = largest_micro(shape, seq_len, setup, gpu, asked_micro, world, slices, among, True)
     result = Fit(gpu, precision, micro, checked, asked_micro, plain)

@@ -305,11 +305,18 @@ def check_command_line(args) -> None:
         raise LaunchError(f"--time-budget {args.time_budget:g}: give a duration above 0, e.g. 24h")
 
 
-def fp16_counterpart(path: str | Path | None) -> str:
-    """The fp16 config beside a bf16 one (ds_configs/bert_base_phase1_lamb_bf16.json: ..._fp16.json)."""
+def precision_twin(path: str | Path | None, precision: str) -> str | None:
+    """The config beside `path` in the other half precision, `precision` ("fp16" or "bf16"):
+    ds_configs/bert_base_phase1_lamb_bf16.json and ..._fp16.json; None where there is none."""
+    other = {"bf16": "fp16", "fp16": "bf16"}[precision]
     path = Path(path) if path else None
-    twin = path.with_name(path.name.replace("bf16", "fp16")) if path and "bf16" in path.name else None
-    return str(twin) if twin is not None and twin.is_file() else "an fp16 config (ds_configs/*_fp16.json)"
+    twin = path.with_name(path.name.replace(other, precision)) if path and other in path.name else None
+    return str(twin) if twin is not None and twin.is_file() else None
+
+
+def fp16_counterpart(path: str | Path | None) -> str:
+    """The fp16 config beside a bf16 one, or what to look for."""
+    return precision_twin(path, "fp16") or "an fp16 config (ds_configs/*_fp16.json)"
 
 
 def check_against_device(config: RunConfig | dict, on_cuda: bool, bf16_native: bool = True,
