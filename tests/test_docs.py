@@ -1,7 +1,8 @@
 """The front door holds: every relative link in README.md, docs/, each folder's README and
 benchmarks/*.md names a file that exists and, where it names an anchor, a heading (or an explicit
 id) of that file; every command of the README's and docs' bash blocks parses with its own CLI's
-parser; and every --flag a --help names exists."""
+parser; every --flag a --help names exists; and each of the README's headline figures is a figure of
+the benchmarks/RESULTS.md row it links."""
 import contextlib
 import re
 from pathlib import Path
@@ -196,3 +197,54 @@ def test_help_texts_name_only_options_that_exist(monkeypatch):
             unknown += [f"{name}: {flag} in {text[:80]!r}" for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", text)
                         if flag not in known]
     assert not unknown, "\n".join(unknown)
+
+
+# ---------------------------------------------------------------- the README's figures are the results page's
+
+RESULT_LINK = re.compile(r"benchmarks/RESULTS\.md#([\w-]+)")
+# a figure: 36%, 1.2–2.6×, 431×, 0.17, 1,134 s; not the digits of bf16, H200, 1-bit, 1e-3 or int4
+FIGURE = re.compile(r"(?<![\w.])(?<!e-)\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?![\d.]*\d)(?!-?[A-Za-z])")
+
+
+def figures(text: str) -> set[str]:
+    """The numbers of a text, thousands' commas and en dashes normalised, link targets left out."""
+    text = re.sub(r"\]\([^)]*\)", "]", text).replace("–", "-").replace("−", "-")
+    text = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+    return set(FIGURE.findall(text))
+
+
+def anchored_rows(markdown: str) -> dict[str, str]:
+    """Each explicit <a id> of a page and the text that carries it: its table row, or its
+    paragraph (the lines between blank lines) where it is not in a table."""
+    rows = {}
+    blocks = re.split(r"\n\s*\n", markdown)
+    for block in blocks:
+        for line in block.splitlines():
+            for anchor in re.findall(r"<a id=\"([^\"]+)\"", line):
+                rows[anchor] = line if line.lstrip().startswith("|") else block
+    return rows
+
+
+def test_the_readmes_headline_figures_are_the_results_pages():
+    """Each row of the README's Results table links the row of benchmarks/RESULTS.md it comes from,
+    and every number of its figure cell is a number of that row: a figure changed on one page and
+    not on the other fails here."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in table.splitlines() if line.startswith("|")][2:]  # header, rule
+    results = anchored_rows((REPO / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"))
+    assert len(lines) >= 8
+    problems = []
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        ids = RESULT_LINK.findall(" ".join(cells[:2]))
+        if not ids:
+            problems.append(f"links no row of benchmarks/RESULTS.md: {line[:100]}")
+            continue
+        if ids[0] not in results:
+            problems.append(f"benchmarks/RESULTS.md has no <a id=\"{ids[0]}\">: {line[:100]}")
+            continue
+        missing = sorted(figures(cells[1]) - figures(results[ids[0]]))
+        if missing:
+            problems.append(f"{ids[0]}: {missing} in the README, not in its RESULTS row")
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""The adaptation study's table and plot (issue 66), from its raw results.
+"""The adaptation study's table and plot, from its raw results.
 
     python benchmarks/studies/adapt_minilm/report.py [--collect WORK] [--results DIR]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 66: continued pretraining of a real pretrained BERT (all-MiniLM-L6-v2, a BertModel without an
+# Continued pretraining of a real pretrained BERT (all-MiniLM-L6-v2, a BertModel without an
 # MLM head) on a task's domain text, screened downstream against the model it started from.
 #
 #   bash benchmarks/studies/adapt_minilm/run.sh prep                      # the model and the shards

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 30, item 5: the communication studies' chosen variants judged downstream, not only by
-# masked-LM accuracy. LAMB (the studies' baseline), 1-bit LAMB frozen at 50% (Study 1's choice) and
-# DiLoCo at H = 50 with plain averaging of a bf16 pseudo-gradient (Study 3's choice), each with the
+# The communication studies' chosen variants judged downstream, not only by
+# masked-LM accuracy. LAMB (the studies' baseline), 1-bit LAMB frozen at 50% (the freeze study's choice) and
+# DiLoCo at H = 50 with plain averaging of a bf16 pseudo-gradient (the slow-links study's choice), each with the
 # studies' own settings: `mini`, the embedded SOTU text with an 8,192-token vocabulary, seq 128,
 # 2 ranks x micro-batch 32, 19,200 samples (300 steps), LAMB 5e-3. Each model is fine-tuned on both
 # embedded tasks (lr chosen per arm on the held-out training slice, seeds SEEDS); the random-init

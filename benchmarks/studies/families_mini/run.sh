@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The `mini` rows of the three-family table (benchmarks/RESULTS.md, twelfth session): the 4M-token
+# The `mini` rows of the three-family table (benchmarks/RESULTS.md#families-mini): the 4M-token
 # point of the CPU gain curve fine-tuned on the embedded task of each family at its pretraining
 # length (128 tokens), against random init, seeds 1-3.
 # Part 1 is gain_curve_cpu/run.sh's pretraining (mini, AdamW 1e-3, the schedule of 1,953 steps:

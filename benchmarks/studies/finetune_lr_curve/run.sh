@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30, item 3: is the pretrained `mini`'s deficit against random init on a task a matter of
+# Is the pretrained `mini`'s deficit against random init on a task a matter of
 # the fine-tuning lr? Each arm (pretrained, random init) fine-tuned at every lr of LRS, fixed,
 # 3 epochs, at least 200 steps, mean pooling, seeds SEEDS, scored on dev: the whole lr curve of
 # each arm rather than the one point the held-out slice picks. Reading a curve's best point is

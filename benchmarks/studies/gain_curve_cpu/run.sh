@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 48, section 3 on the CPU: the lower points of the pretraining gain curve. One `mini` run
+# On the CPU, the lower points of the pretraining gain curve. One `mini` run
 # (1 rank x micro-batch 32, ds_configs/cpu_mini_adamw_bf16.json with its schedule set to 1,953
 # steps: warm-up 195, linear decay to 0) over 62,496 sequences of 128 tokens = 8.0M processed
 # tokens of the registry-prose corpus (`bert-data-prep corpus`, dynamic masks, no NSP), checkpoints

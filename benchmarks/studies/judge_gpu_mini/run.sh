@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 65, part 4: judge a `mini` pretrained in a GPU session downstream, on the CPU, against its
+# Judge a `mini` pretrained on a GPU by benchmarks/gpu/session.sh downstream, on the CPU, against its
 # random init and against a real pretrained BERT of its size class, the ceiling.
 #
 #   bash benchmarks/studies/judge_gpu_mini/run.sh MODEL [WORK] [PART]
 #
-# MODEL: the session's hf_model (`cat pretrained_mini.tar.gz.part* | tar xz`), or "none" for the
+# MODEL: that run's hf_model (`cat pretrained_mini.tar.gz.part* | tar xz`), or "none" for the
 # ceiling alone. PART: all (default), mini, mini_all_labels, ceiling. Each arm chooses its own rate
 # by 3-fold cross-validation (`--lr-folds 3`: the one-slice choice has moved random init's polarity
 # cell by 5.6 points), 5 seeds, embedded polarity at 1,000 labels, then at all labels.
@@ -14,7 +14,7 @@
 # Results: WORK/*.json, the `bert-finetune --json` objects; figures in benchmarks/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-MODEL=${1:?give the hf_model directory of the GPU session, or none}
+MODEL=${1:?give the hf_model directory of the GPU run, or none}
 WORK=${2:-/tmp/judge_gpu_mini}
 PART=${3:-all}
 PY=${PYTHON:-.venv/bin/python}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's first goal: `mini` (4 x 256, BERT's 30,522-token vocabulary) pretrained on a fixed
+# `mini` (4 x 256, BERT's 30,522-token vocabulary) pretrained on a fixed
 # budget of 100,000 sequences of 128 tokens, then fine-tuned on both embedded tasks beside the
 # same architecture from random init, the lr chosen per arm on a held-out slice of the training
 # split. The embedded State of the Union text, no NSP, 2 ranks x micro-batch 32 = 64 sequences a

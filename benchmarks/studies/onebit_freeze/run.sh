@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Study 1: when may 1-bit LAMB freeze? LAMB against 1-bit LAMB frozen at 10/20/30/50% of a
+# When may 1-bit LAMB freeze? LAMB against 1-bit LAMB frozen at 10/20/30/50% of a
 # 300-step run and at "auto", on mini and tiny, 2 ranks, 2 seeds, equal samples (19,200), bf16.
 # Each line is one bert-ablate command; run the script again to resume. Figures: RESULTS.md.
 #

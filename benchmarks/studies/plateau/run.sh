@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30, item 1: what decides whether pretraining leaves the unigram plateau. The shared
+# What decides whether pretraining leaves the unigram plateau. The shared
 # Wikipedia text (../shared/corpora/enwiki_gensim.txt) at seq 128 without NSP, BERT's 30,522-token
 # vocabulary or 8,192 WordPieces trained on the text; 2 ranks × micro-batch 32 = 64 sequences a
 # step, 600 steps (warm-up 60, linear decay to 0): the settings under which `mini` stayed on the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30, item 3: where in the pretrained weights is what makes `mini` fine-tune worse than
+# Where in the pretrained weights is what makes `mini` fine-tune worse than
 # its random init on embedded:party? The same fine-tuning (lr chosen per run on the held-out
 # training slice from GRID, 3 epochs, at least 200 steps, mean pooling) with the top N encoder
 # layers re-initialised (bert-finetune --reinit-layers N, Zhang et al. 2020); N = the model's

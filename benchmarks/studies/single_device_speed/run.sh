@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Study 2: where does single-device speed come from? Three paths on the same samples of real
+# Where does single-device speed come from? Three paths on the same samples of real
 # text (its natural padding): padded + dense MLM head (HF), padded + sparse head (Google/NVIDIA),
 # unpadded + sparse head (this project); mini and base, seq 128 and 512. Nothing else should run.
 #

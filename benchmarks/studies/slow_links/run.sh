@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Study 3 (first part): LAMB, DiLoCo (H = 10, 50) and 0/1 Adam at equal samples on mini, 2 ranks on
+# The slow-links study (first part): LAMB, DiLoCo (H = 10, 50) and 0/1 Adam at equal samples on mini, 2 ranks on
 # one machine (no link shaping: accuracy, bytes and rounds do not depend on the link), seed 1.
-# The data are Study 1's. Run again to resume. Figures: benchmarks/RESULTS.md.
+# The data are the 1-bit LAMB freeze study's (onebit_freeze). Run again to resume. Figures: benchmarks/RESULTS.md.
 #
 #   bash benchmarks/studies/slow_links/run.sh [WORK]        # default /tmp/slow_links
 set -euo pipefail
@@ -19,7 +19,7 @@ $PY -m commodity_bert.ablate --configs $S/adamw.json $COMMON
 $PY -m commodity_bert.ablate --base $S/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=10 \
     --vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0 $COMMON
 
-# Second part (issue 20, item 4): 1-bit LAMB (Study 1's config, frozen at 50%) in the same grid;
+# Second part: 1-bit LAMB (the freeze study's config, frozen at 50%) in the same grid;
 # DiLoCo with plain averaging and a bf16 pseudo-gradient at H = 50 and 200; then second seeds.
 $PY -m commodity_bert.ablate --configs benchmarks/studies/onebit_freeze/onebit_lamb.json $COMMON
 PLAIN="--vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0

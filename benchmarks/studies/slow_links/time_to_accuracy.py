@@ -1,4 +1,4 @@
-"""Study 3: wall time to LAMB's final validation accuracy (or `--target`), per mode and link.
+"""The slow-links study: wall time to LAMB's final validation accuracy (or `--target`), per mode and link.
 
 Which step each accuracy run first reached LAMB's final accuracy (the median over LAMB's seeds)
 comes from its evaluations (bert-ablate's results.json, every 25 steps). What those steps cost

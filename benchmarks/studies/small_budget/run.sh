@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 48, section 5: small-budget recipe choices judged downstream. Each FACTOR changes one
+# Small-budget recipe choices judged downstream. Each FACTOR changes one
 # thing against the gain curve's 8M-token `mini` (benchmarks/studies/gain_curve_cpu/run.sh: the
 # same shards, schedule, seed and 62,496 sequences of 128 tokens; AdamW 1e-3, bf16, 1 rank x 32):
 #   dropout0   no dropout while pretraining (Cramming; the export keeps 0.1 for fine-tuning)

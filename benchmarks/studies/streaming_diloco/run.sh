@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Study 4 (issue 34), exploration on short runs: how DiLoCo's int4 pseudo-gradient should be
+# The DiLoCo int4 study, exploration on short runs: how DiLoCo's int4 pseudo-gradient should be
 # rounded (nearest or stochastic) and whether error feedback helps, beside bf16 and LAMB, on
-# Study 3's setting: mini, 300 steps of 64 sequences, 2 ranks on one machine, DiLoCo with plain
+# the slow-links study's setting: mini, 300 steps of 64 sequences, 2 ranks on one machine, DiLoCo with plain
 # averaging (outer lr 1, no momentum) at H = 50. Run again to resume. Figures: benchmarks/RESULTS.md.
 #
 #   bash benchmarks/studies/streaming_diloco/run.sh [WORK]        # default /tmp/streaming_diloco
@@ -36,7 +36,7 @@ $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json --vary commodity_bert.d
 
 # Third part: the chosen setting (H = 112, int4 nearest with feedback, plain averaging) and LAMB,
 # second seed on 2 workers; then 4 workers (4 ranks on this machine, micro-batch 16: the same
-# global batch of 64, as Study 3's third part).
+# global batch of 64, as the slow-links study's third part).
 SEED2=${LONG/--seeds 1/--seeds 1 2}
 CHOSEN="--vary commodity_bert.diloco.inner_steps=112 --vary commodity_bert.diloco.outer_lr=1.0
         --vary commodity_bert.diloco.outer_momentum=0.0 --vary commodity_bert.diloco.compression=int4
@@ -57,13 +57,13 @@ $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $CHOSEN --vary commodit
 $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json --vary commodity_bert.diloco.inner_steps=112 \
     --vary commodity_bert.diloco.compression=int4 --vary commodity_bert.diloco.error_feedback=true $LONG
 
-# Sixth part: AdamW as the inner optimizer (the issue's tuning list names LAMB or AdamW), 2
-# workers, seed 1: Study 3's AdamW alone (lr 1e-3, betas 0.9/0.98, warmup a tenth of the run) and
+# Sixth part: AdamW as the inner optimizer (DiLoCo's inner optimizer may be LAMB or AdamW), 2
+# workers, seed 1: the slow-links study's AdamW alone (lr 1e-3, betas 0.9/0.98, warmup a tenth of the run) and
 # DiLoCo around it at the chosen setting (diloco_adamw.json).
 $PY -m commodity_bert.ablate --configs $S3/adamw.json $LONG
 $PY -m commodity_bert.ablate --configs benchmarks/studies/streaming_diloco/diloco_adamw.json $LONG
 
-# Seventh part: a warm-up before the first round (the issue's tuning list; the original DiLoCo
+# Seventh part: a warm-up before the first round (the original DiLoCo
 # starts from a synchronously trained model): the chosen setting after 100 data-parallel steps
 # (the lr warm-up's length), 2 workers, seed 1.
 $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $CHOSEN --vary commodity_bert.diloco.warmup_steps=100 $LONG
