@@ -503,7 +503,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """One training run; `argv` as on the command line (benchmarks/gpu/session.py runs several in
-    one process, as a lent GPU's minutes cannot pay a launch per check)."""
+    one process, so that GPU time does not pay a launch per check)."""
     adopt_launcher_environment()  # torchrun's or srun's names for the rank, before --local_rank's default is read
     args = parse_args(argv)
     run_dir = Path(args.output_dir)

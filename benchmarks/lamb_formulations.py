@@ -1,6 +1,6 @@
 """Why DeepSpeed's FusedLamb learns slower than the project's LAMB: its formulation, rebuilt on CPU.
 
-On an H200 (RESULTS.md, 2026-11-27), DeepSpeed's FusedLamb and the project's LAMB, given the same
+On an H200 (benchmarks/RESULTS.md#fusedlamb), DeepSpeed's FusedLamb and the project's LAMB, given the same
 config, the same shards and seed, had the same step-1 loss and gradient norms but FusedLamb's loss
 fell far slower. Reading DeepSpeed 0.19.8's kernel (csrc/lamb/fused_lamb_cuda_kernel.cu): it takes
 the trust ratio of the update m/(sqrt(v) + eps) + wd*p built from the moments *before* bias

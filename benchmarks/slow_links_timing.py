@@ -1,4 +1,4 @@
-"""Study 3's step times on slow links: LAMB, 1-bit LAMB, 0/1 Adam and DiLoCo on the namespace
+"""The slow-links study's step times: LAMB, 1-bit LAMB, 0/1 Adam and DiLoCo on the namespace
 cluster, links rate-limited and delayed, measured beside what bert-plan predicts for them.
 
 For each link setting (rate × one-way delay per host): bring up the cluster (`--hosts` hosts of
@@ -25,8 +25,8 @@ averaged over the same windows.
         [--variants ...] [--work DIR] [--json OUT] [--markdown OUT.md]
 
 Timing runs are fp32 with a micro-batch of 2 (benchmarks/slow_network.py's balance: the link,
-not this machine's shared cores, dominates); the accuracy runs of Study 3 are bf16. In fp16/bf16
-1-bit LAMB's and 0/1 Adam's steps without the engine's allreduce also pay the wrapper's
+not this machine's shared cores, dominates); the slow-links study's accuracy runs are bf16. In
+fp16/bf16 1-bit LAMB's and 0/1 Adam's steps without the engine's allreduce also pay the wrapper's
 overflow-flag round, which bert-plan counts and these fp32 runs do not show.
 """
 from __future__ import annotations

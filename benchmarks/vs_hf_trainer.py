@@ -268,7 +268,8 @@ def main() -> None:
                         help="label counts (bert-finetune --train-examples), or all")
     parser.add_argument("--finetune-seeds", type=int, nargs="+", default=[1, 2, 3])
     # bert-finetune's own grid by default: the pretrained arm chose its smallest rate, 3e-5, in 3
-    # of the gain curve's 5 cells (RESULTS.md, fourth session of 2026-11-27), which 3e-4 1e-3 lacks
+    # of the H200 gain curve's 5 cells (benchmarks/results/gain_curve/gain_curve_h200_mini_rows.json,
+    # 2026-11-27), which 3e-4 1e-3 lacks
     parser.add_argument("--finetune-lr-grid", type=float, nargs="+", help="default: bert-finetune's own")
     parser.add_argument("--sides", default="project,hf_trainer", help="which sides to run, comma-separated")
     parser.add_argument("--eval-every-s", type=float, default=60.0)

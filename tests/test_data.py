@@ -89,7 +89,7 @@ def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world
 
 
 def test_a_stratum_too_small_for_one_sample_per_batch_still_trains_every_epoch():
-    # the shares [.03, .03, .04, .90] at micro-batch 16 rounded to [1, 0, 1, 14] per batch
+    # shares [.03, .03, .04, .90] at micro-batch 16 rounded to [1, 0, 1, 14] per batch
     counts = np.array([[30, 30, 40, 900], [31, 30, 40, 899]])
     schedule = round_schedule(counts, 16)
     per_stratum = np.bincount(schedule.ravel(), minlength=4)

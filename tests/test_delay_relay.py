@@ -79,4 +79,4 @@ def test_the_relays_ceiling_without_a_rate(tmp_path):
     finally:
         cluster.down()
     print(f"relay ceiling, 1 ms one way, no rate limit: {rate / 1e6:.0f} Mbit/s")
-    assert rate > 100e6                                              # the floor for a user-space relay
+    assert rate > 100e6                                              # the floor: the 100 Mbit/s cells

@@ -1,5 +1,5 @@
-"""The GPU session script (benchmarks/gpu/session.sh), rehearsed on the CPU end to end, so that a
-lent GPU's minutes never meet a broken script: the carry is built as the device needs it, every
+"""The GPU session script (benchmarks/gpu/session.sh), rehearsed on the CPU end to end, so that
+GPU time never meets a broken script: the carry is built as the device needs it, every
 part runs in its own capped process, the JSON holds what each part measured, and the packed model
 comes back whole."""
 import json
@@ -17,7 +17,7 @@ SESSION = REPO / "benchmarks" / "gpu" / "session.py"
 
 @pytest.fixture(scope="module")
 def carry(tmp_path_factory) -> Path:
-    """`session.py prepare`, as a developer runs it before a GPU is lent (it downloads wheels)."""
+    """`session.py prepare`, as a developer runs it before a GPU run (it downloads wheels)."""
     carry = tmp_path_factory.mktemp("gpu") / "carry"
     proc = subprocess.run([sys.executable, str(SESSION), "prepare", "--carry", str(carry)], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)
@@ -81,7 +81,7 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, devi
     assert parts["speed"]["largest_micro_batch"]["fits"] == 32  # the rehearsal's search stops there
     assert parts["fused_lamb"]["skipped"] == "FusedLamb is CUDA-only"
 
-    # the model's pieces, as the device tool returns them, make a model bert-finetune loads
+    # the model's pieces, as they come back from the device, make a model bert-finetune loads
     model = parts["model"]
     assert model["steps"] >= 10 and model["val_mlm_acc"] is not None
     assert model["config"]["optimizer"]["type"] == "Lamb"  # the large-batch recipe, at the rehearsal's batch

@@ -1,7 +1,7 @@
-"""What travels to a lent GPU (gpu_carry/, ignored by git): the wheels the device's Python lacks and
-the shards every part uses. Built here with the network (`session.py prepare`), checked before every
-plan (`session.py check`, and `run` itself): complete for the device's Python, and with the tree
-under the device tool's 64 MiB."""
+"""What travels to the GPU machine beside the working tree (gpu_carry/, ignored by git): the wheels
+the device's Python lacks and the shards every part uses. Built here with the network (`session.py
+prepare`), checked before every plan (`session.py check`, and `run` itself): complete for the
+device's Python, and with the tree under 64 MiB, the most a copy to the device may hold."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -13,11 +13,11 @@ from pathlib import Path
 from commodity_bert.host import speaker
 
 REPO = Path(__file__).resolve().parents[2]
-CARRY = REPO / "gpu_carry"  # ignored by git; the device tool's `carry` takes it
-LIMIT_MIB = 64  # the working tree plus the carry, as the device tool sends them
+CARRY = REPO / "gpu_carry"  # ignored by git; copied to the device beside the tree
+LIMIT_MIB = 64  # the working tree plus the carry, as copied to the device
 
-# The device image's Python packages (the device tool's KINDS.md, "Python packages already there",
-# read 2026-11-17), as distribution names normalised by `normalise`. The carry holds the rest.
+# The Python packages already on the device's image (its package list as read 2026-11-17), as
+# distribution names normalised by `normalise`. The carry holds the rest.
 DEVICE_PACKAGES = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -40,7 +40,7 @@ sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server 
 tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
 torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
 wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
-""".split())  # noqa: SIM905 - the list as KINDS.md gives it
+""".split())  # noqa: SIM905 - the list as the image's package list gives it
 # What the device lacks and the session imports: deepspeed (built here into a wheel with no
 # compiled ops; it JIT-builds what it needs there) and what it needs. typing-extensions is
 # there, but perhaps older than this pydantic asks (>= 4.16), so it travels too.
@@ -133,7 +133,7 @@ def run(cmd: list[str], cwd: Path | None = None) -> None:
 
 
 def tree_bytes() -> int:
-    """What the device tool sends besides the carry: tracked files and untracked ones git does not ignore."""
+    """What the device gets besides the carry: tracked files and untracked ones git does not ignore."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True).stdout.split(b"\0")
     return sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
@@ -197,5 +197,5 @@ def check_carry(carry: Path) -> dict:
     tree = tree_bytes()
     if carry_bytes + tree > LIMIT_MIB * 2**20:
         raise SystemExit(f"session.py: error: the tree ({tree / 2**20:.1f} MiB) and {carry} "
-                         f"({carry_bytes / 2**20:.1f} MiB) exceed the device tool's {LIMIT_MIB} MiB")
+                         f"({carry_bytes / 2**20:.1f} MiB) exceed the device's {LIMIT_MIB} MiB")
     return {"wheels": wheels, "carry_mib": carry_bytes / 2**20, "tree_mib": tree / 2**20}

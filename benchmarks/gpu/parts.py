@@ -19,7 +19,7 @@ from bench_common import single_rank_environment
 from carry import normalise
 
 REPO = Path(__file__).resolve().parents[2]
-OUT_FILE_MIB = 15  # pieces of the packed model: the tool returns files of at most 16 MiB
+OUT_FILE_MIB = 15  # pieces of the packed model: files of at most 16 MiB come back from the device
 
 OPTIMIZERS = {  # name -> (shipped CPU config, what this check changes in it)
     "lamb": ("cpu_tiny_lamb.json", {"commodity_bert": {"lamb": {"implementation": "project"}}}),
@@ -396,10 +396,10 @@ def part_model(args, recorder: Recorder, sizes: dict, on_cuda: bool) -> None:
                           "curve": [{k: r.get(k) for k in ("step", "loss", "val_mlm_acc", "seq_per_s")}
                                     for r in rows]})
     recorder.save()
-    # hf_model and the run's records, packed and cut into pieces the device tool returns
+    # hf_model and the run's records, packed and cut into pieces small enough to come back
     packed = io.BytesIO()
     # level 1: the exported fp32 weights are bf16 values (DeepSpeed's bf16 module), whose zero low
-    # halves gzip takes off fast; mini's 76 MB would not fit the tool's 64 MiB uncompressed
+    # halves gzip takes off fast; mini's 76 MB would not fit the 64 MiB that comes back uncompressed
     with tarfile.open(fileobj=packed, mode="w:gz", compresslevel=1) as tar:
         for name in ("hf_model", "summary.json", "run_config.json", "metrics.jsonl"):
             tar.add(run_dir / name, arcname=f"pretrained_{model}/{name}")

@@ -1,7 +1,12 @@
-"""Every check a lent GPU owes, in one call, in priority order, each part with its own time cap.
+"""Every check the project runs on a GPU, in one command, in priority order, each part with its
+own time cap.
 
-A lent GPU is rare (about one task in five) and short (15 minutes of device time, starts
-included), so the work is prepared here and rehearsed on CPU in CI; the device machine only runs it.
+GPU time is short and a GPU machine's start is slow, so the work is prepared here and rehearsed on
+CPU in CI; the GPU machine only runs it. What the script needs from that machine: a copy of the
+working tree with gpu_carry/ beside it (64 MiB in all; `prepare` builds the carry, `check` checks
+it), the packages the carry does not bring (carry.py's DEVICE_PACKAGES), one command run under a
+time limit (the plan takes at most 420 s; 560 s with --model-minutes), and the files it writes
+under OUT copied back, each under 16 MiB.
 
     python benchmarks/gpu/session.py prepare          # here: gpu_carry/ (wheels the device lacks + shards)
     bash benchmarks/gpu/session.sh                    # there: install from gpu_carry/, then `run`
@@ -27,7 +32,7 @@ OUT/session.json and appends to OUT/session.log after every part):
   c. model         `mini` pretrained for a fixed number of minutes (75 s; --model-minutes) on the
                    carry's shards (--model-data: the State of the Union, or the prose corpus that
                    `prepare` builds where data_prep's corpus command has made it), its hf_model
-                   packed into pieces under 16 MiB that the device tool returns: fine-tune it on
+                   packed into pieces under 16 MiB that come back from the device: fine-tune it on
                    CPU afterwards.
   d. fused_lamb    DeepSpeed's FusedLamb (a JIT build: TORCH_CUDA_ARCH_LIST=9.0) against the project's
                    LAMB: their curves on the same run (another formulation: optim/build.py) and one
@@ -58,15 +63,16 @@ from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, s
 from parts import run_part, write_json
 
 PARTS = ("correctness", "speed", "profile", "model", "fused_lamb")
-# seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s) and leaves
-# the rest of the 15 for one rerun; the rehearsal's are for 2 CPU cores. Measured on an H200
-# (RESULTS.md): correctness 65-85 s, speed 70-75 s, profile 37 s, model 104 s, fused_lamb 26-55 s.
+# seconds per part: on the GPU the plan, install included, fits in 7 minutes (420 s), short enough
+# to run again after a failure; the rehearsal's are for 2 CPU cores. Each part's seconds on an
+# H200 are in the raw data of benchmarks/RESULTS.md#gpu-precision, #gpu-step-profile and
+# #gpu-mini-pretraining.
 CAPS = {"gpu": {"install": 20, "correctness": 95, "speed": 100, "profile": 50, "model": 115, "fused_lamb": 40},
         "rehearse": {"install": 60, "correctness": 240, "speed": 90, "profile": 60, "model": 120, "fused_lamb": 10}}
 PLAN_LIMIT_S = 420
 EMULATED_BF16_CAP_FACTOR = 3
 # --model-minutes M: a call of its own for a longer pretraining (the top of the gain curve); the
-# part's cap grows with M, and the plan must fit one device call (600 s) with room for the transfer
+# part's cap grows with M, and the plan must fit a 600 s command with room for copying OUT back
 CALL_LIMIT_S = 560
 MODEL_OVERHEAD_S = 60  # the probe, the model's start, its evaluations and the packing (104 s for 75 s)
 

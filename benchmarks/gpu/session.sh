@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Every check a lent GPU owes, in one call (benchmarks/gpu/session.py says what and why).
+# Every check the project runs on a GPU, in one command (benchmarks/gpu/session.py says what and why).
 #
 #   here, once:  python benchmarks/gpu/session.py prepare   (gpu_carry/: wheels the device lacks, shards)
-#   device tool: run(command="bash benchmarks/gpu/session.sh", carry=["gpu_carry"], timeout_s=480)
+#   on the GPU:  bash benchmarks/gpu/session.sh   (in a copy of the tree with gpu_carry/ beside it;
+#                a time limit of 480 s; OUT's files copied back)
 #   rehearsal:   bash benchmarks/gpu/session.sh --rehearse  (on a CPU, tiny sizes: what CI runs)
 #
-# The 15 device-minutes in two calls (a start takes 1-3 of them), speed and the long `mini` first:
+# Or in two commands, speed and the long `mini` first:
 #   here, once:  python benchmarks/gpu/session.py prepare --corpus corpus   (the prose corpus's shards too)
-#   call 1:      bash benchmarks/gpu/session.sh --only correctness speed   (timeout_s=300; ~215 s)
-#   call 2:      bash benchmarks/gpu/session.sh --only model --model-minutes 6 --model-data corpus
-#                (timeout_s=560; ~500 s: 1.8 billion processed tokens at 5M tokens/s)
+#   command 1:   bash benchmarks/gpu/session.sh --only correctness speed   (time limit 300 s; ~215 s)
+#   command 2:   bash benchmarks/gpu/session.sh --only model --model-minutes 6 --model-data corpus
+#                (time limit 560 s; ~500 s: 1.8 billion processed tokens at 5M tokens/s)
 #
 # Installs the carried wheels with no network into a folder of their own, then runs the plan;
 # OUT/session.json and OUT/session.log are rewritten after every part. Other flags go to

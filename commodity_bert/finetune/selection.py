@@ -16,7 +16,7 @@ random init alike) and keeps the best:
 With 1,000 rows the slice is 100 rows, and one fine-tuning per rate scored on 100 rows ranked
 the rates against the dev set's order often enough to move a result by 5 points (polarity,
 random init: 0.71 held out at 1e-4 against 0.63 at 1e-3; on dev 66.8% against 72.4%;
-benchmarks/RESULTS.md, sixth session of 2026-11-27). `--lr-folds K` scores each rate by K-fold
+benchmarks/RESULTS.md#recipe-mini-polarity). `--lr-folds K` scores each rate by K-fold
 cross-validation instead (`folds`): every training row is scored once, by a model that did not
 see it, at K times the selection's fine-tunings.
 """

@@ -18,7 +18,7 @@ measures how much the bias-corrected variance estimate v̂ moved since the last 
 freezes at the first window whose change is below `freeze_threshold`, no earlier than
 `freeze_min_step` and at `freeze_max_step` at the latest. Frozen too early the variance still
 describes the start of training (on a short run the stage where the model predicts the most
-frequent token) and the compressed stage never leaves it: see benchmarks/RESULTS.md, study 1.
+frequent token) and the compressed stage never leaves it: see benchmarks/RESULTS.md#onebit-freeze.
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def loss_for_backward(engine) -> Callable[[torch.Tensor], torch.Tensor]:
     current loss scale. Unscaled, the gradients reached the optimizer the scale (65,536 at the
     start) times too small, and fp16 lost the protection the scale gives small gradients: on an
     H200, `tiny` in fp16 logged a gradient norm of 3.0e-5 at step 10 where fp32 logs 1.9
-    (benchmarks/RESULTS.md, 2026-11-26). Elsewhere the loss as it is."""
+    (benchmarks/RESULTS.md#fp16-loss-scale). Elsewhere the loss as it is."""
     config = getattr(engine.optimizer, "loss_scale_config", None)
     if (not engine.fp16_enabled() or engine.zero_optimization() or config is None or not config.use_grad_scaling
             or getattr(engine.optimizer, "custom_loss_scaler", False) or deepspeed_scales_stage0_fp16_losses()):

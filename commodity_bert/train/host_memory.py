@@ -1,6 +1,6 @@
 """Give the C heap's free pages back to the system every few steps, so a rank's host memory grows
 far less through a long run (a `mini` rank: 3.8 GB instead of 5.7 after 600 steps; it still
-grows, more slowly: RESULTS.md, seventh session).
+grows, more slowly: benchmarks/RESULTS.md#heap-trim).
 
 Why the project's own: glibc's malloc raises its mmap threshold to the size of each large block
 freed (up to 32 MiB), so after the first steps the activation-sized blocks come from the brk heap.
