@@ -5,13 +5,13 @@ parser; every --flag a --help names exists; and each of the README's headline fi
 the benchmarks/RESULTS.md row it links."""
 import contextlib
 import re
-from pathlib import Path
 
 from conftest import REPO
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCED = re.compile(r"```.*?```", re.S)
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+EXPLICIT_ID = re.compile(r"<a (?:id|name)=\"([^\"]+)\"")
 
 
 def anchors(markdown: str) -> set[str]:
@@ -23,7 +23,7 @@ def anchors(markdown: str) -> set[str]:
         count = seen.get(slug, 0)
         seen[slug] = count + 1
         found.add(slug if count == 0 else f"{slug}-{count}")
-    found.update(re.findall(r"<a (?:id|name)=\"([^\"]+)\"", markdown))
+    found.update(EXPLICIT_ID.findall(markdown))
     return found
 
 
@@ -217,10 +217,9 @@ def anchored_rows(markdown: str) -> dict[str, str]:
     """Each explicit <a id> of a page and the text that carries it: its table row, or its
     paragraph (the lines between blank lines) where it is not in a table."""
     rows = {}
-    blocks = re.split(r"\n\s*\n", markdown)
-    for block in blocks:
+    for block in re.split(r"\n\s*\n", markdown):
         for line in block.splitlines():
-            for anchor in re.findall(r"<a id=\"([^\"]+)\"", line):
+            for anchor in EXPLICIT_ID.findall(line):
                 rows[anchor] = line if line.lstrip().startswith("|") else block
     return rows
 
