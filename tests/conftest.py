@@ -70,16 +70,25 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """With SUITE_TIMELINE=FILE, a line per test: its worker, its start and end (epoch s), its id:
-    which worker holds the suite's last minutes, and behind which tests (docs/suite.md)."""
-    start = time.time()
+    """With SUITE_TIMELINE=FILE, a line per test: its worker, its start and end (epoch s), its id,
+    and the CPU-seconds it took (its worker's and the processes it waited for: forked ranks,
+    launches; not what Slurm's daemons start): which worker holds the suite's last minutes, behind
+    which tests, and which tests the cores go to (docs/suite.md)."""
+    start, cpu_before = time.time(), cpu_seconds()
     try:
         return (yield)
     finally:
         if os.environ.get("SUITE_TIMELINE"):
             with open(os.environ["SUITE_TIMELINE"], "a") as out:
                 out.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{start:.1f}\t{time.time():.1f}\t"
-                          f"{item.nodeid}\n")
+                          f"{item.nodeid}\t{cpu_seconds() - cpu_before:.1f}\n")
+
+
+def cpu_seconds() -> float:
+    """User and system seconds of this process and of the children it has waited for."""
+    import resource
+    return sum(usage.ru_utime + usage.ru_stime
+               for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 # The shared runs (reference_runs, mode_run) train the first time a test asks for them, inside that
