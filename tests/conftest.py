@@ -606,6 +606,15 @@ MODE_CASES = {
         "commodity_bert.diloco.rounding": "stochastic", "commodity_bert.diloco.error_feedback": True},
         14, 7, 7, ("outer_rounds",),
         ({"commodity_bert.diloco.overlap_steps": 10}, "diloco overlap_steps 10: give 0 to 9")),
+    # sparse pseudo-gradients (the top 5% of each chunk in 2 bits, its residual kept), streamed in 2
+    # fragments (round ends at 2, 4, 6, 8, 10), each exchange behind 2 inner steps: the checkpoint at 5
+    # waits for the update of step 4, due at 6; the relaunch must carry each rank's residual
+    "diloco_sparse": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", {
+        "commodity_bert.diloco.inner_steps": 4, "commodity_bert.diloco.fragments": 2,
+        "commodity_bert.diloco.overlap_steps": 2, "commodity_bert.diloco.compression": "sparse",
+        "commodity_bert.diloco.density": 0.05, "commodity_bert.diloco.error_feedback": True},
+        10, 5, 5, ("outer_rounds", "sparse_exchange"),
+        ({"commodity_bert.diloco.compression": "sparse"}, "diloco compression sparse keeps what it does not send")),
     # DiLoCo after 6 data-parallel warm-up steps, rounds of 3 (ends at 9, and 10, the last step):
     # the checkpoint at 5 is mid-warm-up; test_training_paths.py compares its warm-up with the
     # allreduce case's steps (the same config but for the diloco block, evaluated at 5 too)

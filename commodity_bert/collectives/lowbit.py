@@ -1,15 +1,16 @@
-"""The mean of a flat fp32 tensor over a group's ranks, sent as 8- or 4-bit integers with one fp32
-scale per block of values: DiLoCo's `int8` and `int4` pseudo-gradients (diloco.py).
+"""The mean of a flat fp32 tensor over a group's ranks, sent as 8-, 4- or 2-bit integers with one
+fp32 scale per block of values: DiLoCo's `int8`, `int4` and `int2` pseudo-gradients (diloco.py).
 
 Reduce-scatter by all-to-all (rank j averages chunk j of every rank), then an all-gather of the
 averaged chunks, each way quantized: gloo and NCCL both have these collectives, and each rank
 sends about one quantized copy of the tensor in all, as a ring allreduce would in fp32.
 
-Quantization, per block of BLOCK values: scale = max |x| / L with L = 2^(bits−1) − 1 (127 or 7),
-q = round(x / scale) in [−L, L]. `rounding` "nearest" rounds to the nearest level (halves to
+Quantization, per block of BLOCK values: scale = max |x| / L with L = 2^(bits−1) − 1 (127, 7 or 1),
+q = round(x / scale) in [−L, L] (int2: L = 1, the levels −1, 0 and 1). `rounding` "nearest" rounds to the nearest level (halves to
 even), "stochastic" rounds up with probability equal to the fraction (unbiased: E[q·scale] = x),
 from a generator seeded by rank, kept in the state so a resumed run draws what it would have.
-int4 packs two values per byte (q + 8, the first value in the high nibble).
+int4 packs two values per byte (q + 8, the first value in the high nibble), int2 four (q + 1, a
+little-endian bit stream: `pack_bits`).
 
 With `error_feedback` what quantization dropped is added to the next call's input: the worker's
 error over its whole tensor and the server's over its chunk, as the 1-bit allreduce does
@@ -31,6 +32,32 @@ def levels(bits: int) -> int:
     return 2 ** (bits - 1) - 1
 
 
+def dense_bytes(numel: int, bits: int, world: int) -> int:
+    """Bytes a rank sends in one average of `numel` values: its all-to-all of W − 1 of the W packed
+    chunks, then its averaged chunk to each of the W − 1 others."""
+    chunk = -(-numel // (BLOCK * world)) * BLOCK
+    packed = chunk * bits // 8 + 4 * chunk // BLOCK
+    return 2 * (world - 1) * packed
+
+
+def pack_bits(codes: torch.Tensor, width: int) -> torch.Tensor:
+    """Non-negative integers below 2^width as one little-endian bit stream of ⌈n · width / 8⌉ bytes."""
+    codes = codes.reshape(-1).to(torch.int32)
+    bits = torch.stack([(codes >> j) & 1 for j in range(width)], dim=1).to(torch.uint8).reshape(-1)
+    bits = torch.cat([bits, bits.new_zeros(-bits.numel() % 8)])
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.int32, device=codes.device)
+    return (bits.view(-1, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """The `count` integers `pack_bits` packed, as int64."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = ((packed[:, None] >> shifts) & 1).reshape(-1)[: count * width].view(count, width).to(torch.int64)
+    return (bits << torch.arange(width, device=packed.device)).sum(dim=1)
+
+
+
+
 def quantize(x: torch.Tensor, bits: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the packed bytes, the values they stand for) of x (numel a multiple of BLOCK). With a
     generator, stochastic rounding; without, to the nearest level."""
@@ -48,6 +75,8 @@ def quantize(x: torch.Tensor, bits: int, generator: torch.Generator | None = Non
     q = q.to(torch.int8)
     if bits == 8:
         values = q.view(torch.uint8).reshape(-1)
+    elif bits == 2:
+        values = pack_bits(q + 1, 2)
     else:
         nibbles = (q + 8).to(torch.uint8).reshape(-1, 2)
         values = nibbles[:, 0] * 16 + nibbles[:, 1]
@@ -60,6 +89,8 @@ def dequantize(packed: torch.Tensor, values: int, bits: int) -> torch.Tensor:
     scales = packed[body:].view(torch.float32)
     if bits == 8:
         q = packed[:body].view(torch.int8).float()
+    elif bits == 2:
+        q = unpack_bits(packed[:body], 2, values).float() - 1
     else:
         high, low = packed[:body] // 16, packed[:body] % 16
         q = torch.stack([high, low], dim=1).reshape(-1).float() - 8

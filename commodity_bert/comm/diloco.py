@@ -39,9 +39,13 @@ DeepSpeed config:
     "commodity_bert": {"diloco": {"inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9,
                                   "nesterov": true, "compression": "none", "warmup_steps": 0}}
 `compression` is how Δ travels: "none" (fp32 allreduce, 4 bytes a parameter), "bf16" (bf16
-allreduce, 2), "int8" or "int4" (8- or 4-bit values with one fp32 scale per 256, reduced through
-an all-to-all and an all-gather as the 1-bit allreduce is: about 1 or 0.5 byte a parameter each
-way; lowbit.py), `rounding` "nearest" or "stochastic" and `error_feedback` (int8, int4) how.
+allreduce, 2), "int8", "int4" or "int2" (8-, 4- or 2-bit values with one fp32 scale per 256,
+reduced through an all-to-all and an all-gather as the 1-bit allreduce is: about 1, 0.5 or 0.25
+byte a parameter each way; lowbit.py), or "sparse" (the top `density` of each chunk of 4,096 values
+in `value_bits` 2 or 4 bits with 12-bit offsets, the rest kept for the next round: `error_feedback`
+must be true; all-gathered, so a rank receives W − 1 payloads, or sent as dense int2/int4 where
+that costs fewer bytes, said at the start and in the metrics' `sparse_exchange`; sparse.py).
+`rounding` "nearest" or "stochastic" and `error_feedback` (low-bit, sparse) say how.
 `outer_state_device`: where θ and b live (2 × 4 bytes a parameter): "auto" (the accelerator if
 it has room for them with a quarter to spare, else host memory), "cpu" or "accelerator".
 """
@@ -54,7 +58,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from commodity_bert.collectives.lowbit import ROUNDINGS, LowBitAverage
+from commodity_bert.collectives.lowbit import ROUNDINGS, LowBitAverage, dense_bytes
+from commodity_bert.collectives.sparse import CHUNK, VALUE_BITS, SparseAverage, sparse_bytes
 from commodity_bert.comm import bytes_counter
 from commodity_bert.comm.topology import world_timeout
 from commodity_bert.optim.precision import MasterParams
@@ -62,8 +67,9 @@ from commodity_bert.run_config import RunConfig, register_section
 
 DEFAULTS = {"enabled": True, "inner_steps": 50, "outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
             "compression": "none", "outer_state_device": "auto", "rounding": "nearest", "error_feedback": False,
-            "fragments": 1, "overlap_steps": 0, "merge": 0.5, "warmup_steps": 0}
-COMPRESSIONS = ("none", "bf16", "int8", "int4")
+            "fragments": 1, "overlap_steps": 0, "merge": 0.5, "warmup_steps": 0, "density": 0.01, "value_bits": 2}
+COMPRESSIONS = ("none", "bf16", "int8", "int4", "int2", "sparse")
+LOW_BITS = {"int8": 8, "int4": 4, "int2": 2}
 STATE_DEVICES = ("auto", "cpu", "accelerator")
 LAYER = re.compile(r"\.layer\.(\d+)\.")
 
@@ -111,6 +117,15 @@ def check_settings(settings: dict) -> str | None:
                 f"so a fragment's update lands before its next round ends)")
     if not number(settings["merge"]) or not 0 <= settings["merge"] <= 1:
         return f"diloco merge {settings['merge']!r}: give a number in [0, 1] (the paper's: 0.5)"
+    if settings["compression"] == "sparse":
+        if not number(settings["density"]) or not 0 < settings["density"] <= 0.5:
+            return (f"diloco density {settings['density']!r}: give the share of each chunk's values sent, in (0, 0.5], "
+                    f"e.g. 0.01")
+        if settings["value_bits"] not in VALUE_BITS:
+            return f"diloco value_bits {settings['value_bits']!r}: give one of {', '.join(map(str, VALUE_BITS))}"
+        if settings["error_feedback"] is not True:
+            return ("diloco compression sparse keeps what it does not send for the next round: set "
+                    "\"error_feedback\": true")
     if not count(settings["warmup_steps"]) or settings["warmup_steps"] < 0:
         return (f"diloco warmup_steps {settings['warmup_steps']!r}: give 0 or more steps of ordinary data-parallel "
                 f"training before the first round, e.g. 0")
@@ -212,6 +227,7 @@ class DiLoCo:
         # the exchanges run on groups of their own where they run beside the loop's collectives
         own_groups = self.overlap > 0
         self.groups = self._groups() if own_groups else (None, hierarchy)
+        self.sparse_exchange = False  # sparse: whether its all-gather of top-k payloads costs fewer bytes
         for p, fragment in enumerate(self.fragments):
             fragment.average = self._exchange(fragment.numel, p)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="diloco-outer") if own_groups else None
@@ -231,13 +247,22 @@ class DiLoCo:
     def _exchange(self, numel: int, seed: int):
         """The averaging of one fragment's Δ, as `compression` says, flat or in two levels."""
         group, hierarchy = self.groups
-        bits = {"int8": 8, "int4": 4}.get(self.compression)
+        settings = self.settings
+        bits = LOW_BITS.get(self.compression, settings["value_bits"] if self.compression == "sparse" else None)
+        # sparse: the all-gather of top-k payloads, or the dense low-bit exchange where it sends fewer bytes
+        # (the same choice on every rank: the payloads' count is the exchange's group size)
+        world = dist.get_world_size(group) if hierarchy is None else hierarchy.nodes
+        size = numel if hierarchy is None else hierarchy.slice_numel(numel)
+        if self.compression == "sparse":
+            self.sparse_exchange = sparse_bytes(size, settings["density"], bits, world) <= dense_bytes(size, bits, world)
 
         def between(size, on_group):
             if bits is None:
                 return lambda x: average(x, self.compression, on_group)
-            return LowBitAverage(size, bits, self.device, on_group, self.settings["rounding"],
-                                 self.settings["error_feedback"], seed)
+            if self.compression == "sparse" and self.sparse_exchange:
+                return SparseAverage(size, settings["density"], bits, self.device, on_group, settings["rounding"], seed)
+            return LowBitAverage(size, bits, self.device, on_group, settings["rounding"], settings["error_feedback"],
+                                 seed)
 
         if hierarchy is None:
             return between(numel, group)
@@ -249,7 +274,12 @@ class DiLoCo:
         masters = {"plain": "the model's own parameters", "unfused": "DeepSpeed's fp32 copies (per tensor)",
                    "flat": "DeepSpeed's fp32 copies (flat)"}[self.masters.kind]
         sent = "fp32" if self.compression == "none" else self.compression
-        if self.compression in ("int8", "int4"):
+        if self.compression == "sparse":
+            sent = (f"the top {self.settings['density']:.2%} of each {CHUNK:,} values in {self.settings['value_bits']} "
+                    f"bits ({self.settings['rounding']} rounding, error feedback), "
+                    + ("all-gathered" if self.sparse_exchange else
+                       f"as dense int{self.settings['value_bits']} (fewer bytes at this many workers)"))
+        elif self.compression in LOW_BITS:
             sent += f" ({self.settings['rounding']} rounding{', error feedback' if self.settings['error_feedback'] else ''})"
         streamed = ""
         if len(self.fragments) > 1 or self.overlap:

@@ -427,7 +427,10 @@ class DiLoCoMode(LocalSteps):
         return shared, {"diloco": self.masters.rank_state(), "diloco_exchange": self.diloco.rank_state_dict()}
 
     def metric_fields(self) -> dict:
-        return {"outer_rounds": self.diloco.rounds}
+        fields = {"outer_rounds": self.diloco.rounds}
+        if self.settings["compression"] == "sparse":
+            fields["sparse_exchange"] = self.diloco.sparse_exchange
+        return fields
 
 
 # the first enabled one is the run's mode; each refuses the combinations it cannot run with

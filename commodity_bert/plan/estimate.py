@@ -35,6 +35,8 @@ class Compute:
     optimizer_s_per_param: float = 0.0
     compress_s_per_param: float = 0.0
     lowbit_s_per_param: float = 0.0  # DiLoCo's int4/int8 average's own passes (preflight)
+    sparse_encode_s_per_param: float = 0.0  # DiLoCo sparse: top-k and coding (preflight, at 1%, 2 bits)
+    sparse_decode_s_per_param: float = 0.0  # and one payload's decoding
     grad_sync_local_s_per_param: float = 0.0
     measured: dict | None = None  # the profile's step, used as is when the workload matches it
     source: str = ""
@@ -77,6 +79,8 @@ def compute_from_profile(profile: dict) -> Compute:
                    compress_s_per_param=max(0.0, slowest["onebit_optimizer_s"] - slowest["optimizer_s"])
                    / slowest["params"],
                    lowbit_s_per_param=slowest.get("lowbit_average_s", 0.0) / slowest["params"],
+                   sparse_encode_s_per_param=slowest.get("sparse_encode_s", 0.0) / slowest["params"],
+                   sparse_decode_s_per_param=slowest.get("sparse_decode_s", 0.0) / slowest["params"],
                    grad_sync_local_s_per_param=slowest.get("grad_sync_local_s", 0.0) / slowest["params"],
                    measured=slowest, source=f"profile: {slowest['host']} rank {slowest['rank']}, {slowest['device']}")
 
@@ -138,12 +142,15 @@ def workload(name: str, config: RunConfig | dict, model: str, seq_len: int, comp
                          f"(inner_steps {settings['inner_steps']}, compression {settings['compression']})")
         extra.update(inner_steps=int(settings["inner_steps"]), outer_compression=settings["compression"],
                      fragments=int(settings["fragments"]), overlap_steps=int(settings["overlap_steps"]),
-                     warmup_steps=int(settings["warmup_steps"]))
+                     warmup_steps=int(settings["warmup_steps"]), density=float(settings["density"]),
+                     value_bits=int(settings["value_bits"]))
     return Workload(name=name, params=params, global_batch=batch, micro_batch=micro, steps=int(total),
                     grad_bytes=2 if config.precision in ("fp16", "bf16") else 4, fb_s=fb_s,
                     optimizer_s=compute.optimizer_s_per_param * params, grad_sync_local_s=sync_local_s,
                     compress_s=compute.compress_s_per_param * params,
                     lowbit_s=compute.lowbit_s_per_param * params,
+                    sparse_encode_s=compute.sparse_encode_s_per_param * params,
+                    sparse_decode_s=compute.sparse_decode_s_per_param * params,
                     scale_block=params_block.get("scale_block", 256), bucket_bytes=buckets_mb * 2**20,
                     log_every=log_every, wrapped=config.precision != "fp32",
                     loss_scaled=config.precision == "fp16" and not config.static_loss_scale,

@@ -12,7 +12,8 @@ state (held between steps; train.py's summary.json `tensor_mb` measures it on ev
     exchange         the 1-bit modes' error feedback, 4 bytes a parameter for the worker's and 4/W
                      for the server's chunk (two levels: of the rank's slice); DiLoCo's outer state,
                      θ and the outer momentum, 8 bytes (0 on the GPU with outer_state_device
-                     "cpu"), and with int4/int8 error feedback 4 + 4/W more
+                     "cpu"), and with int8/int4/int2 error feedback 4 + 4/W more; sparse: its
+                     residual, 4 (where it sends dense int-b instead, as that exchange)
 gradients          the module's, the weights' dtype, held from the first backward to the step
                    (ZeRO 2: its partition and a reduce bucket)
 step transient     bf16/fp16: the fp32 gradients the step makes from them, 4 bytes a parameter
@@ -46,6 +47,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from commodity_bert.collectives.lowbit import dense_bytes
+from commodity_bert.collectives.sparse import sparse_bytes
 from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.run_config import RunConfig
 
@@ -210,7 +213,13 @@ def state_bytes(params: int, setup: Setup, world: int, slices: int = 1, among: i
     if setup.diloco:
         on_gpu = setup.diloco.get("outer_state_device", "auto") != "cpu"
         state["exchange"] = params * 8 * on_gpu
-        if setup.diloco.get("compression") in ("int4", "int8") and setup.diloco.get("error_feedback"):
+        compression = setup.diloco.get("compression")
+        dense = compression in ("int8", "int4", "int2") and setup.diloco.get("error_feedback")
+        if compression == "sparse":  # its residual, 4; or the dense exchange's errors where that is chosen
+            density, bits = setup.diloco.get("density", 0.01), setup.diloco.get("value_bits", 2)
+            dense = sparse_bytes(params / slices, density, bits, between) > dense_bytes(params / slices, bits, between)
+            state["exchange"] += 0 if dense else params / slices * 4
+        if dense:
             state["exchange"] += params / slices * (4 + 4 / between)
     return state
 

@@ -221,6 +221,7 @@ def measure_training_step(args, given: RunConfig, device: torch.device, rank: in
     onebit = timed_steps(onebit_config, model_config, nsp, batches, device, args.steps, alone, compress=True)
     del batches
     lowbit_s = time_lowbit_average(lamb["params"], device, alone.group, args.steps)
+    sparse_encode_s, sparse_decode_s = time_sparse_coding(lamb["params"], device, args.steps)
     fb_s, optimizer_s = statistics.median(lamb["fb"]), statistics.median(lamb["opt"])
     flops = [training_flops(model_config, tokens, args.micro_batch * width * width, masked)
              for tokens, width, masked in lamb["shapes"]]
@@ -237,8 +238,30 @@ def measure_training_step(args, given: RunConfig, device: torch.device, rank: in
             "grad_sync_local_s": statistics.median(lamb["sync"]),
             "onebit_optimizer_s": statistics.median(onebit["opt"]), "scale_block": onebit_params["scale_block"],
             "lowbit_average_s": lowbit_s,
+            "sparse_encode_s": sparse_encode_s, "sparse_decode_s": sparse_decode_s,
             "model_flops_per_micro_batch": statistics.mean(flops),
             "model_tflops": statistics.mean(flops) / fb_s / 1e12}
+
+
+def time_sparse_coding(params: int, device: torch.device, calls: int) -> tuple[float, float]:
+    """DiLoCo's sparse exchange's own passes (collectives/sparse.py) on a parameter-sized Δ, 1% in
+    2 bits: the top-k, coding and feedback a round takes once, and the decoding of one payload it
+    takes once per rank (medians of `calls` after one to warm up). Not the wire."""
+    from commodity_bert.collectives.sparse import CHUNK, decode_into, encode
+    delta = torch.randn(-(-params // CHUNK) * CHUNK, device=device) * 1e-3
+    encode_times, decode_times = [], []
+    for _ in range(calls + 1):
+        sync(device)
+        start = time.perf_counter()
+        payload, sent = encode(delta, 0.01, 2)
+        residual = delta - sent
+        sync(device)
+        middle = time.perf_counter()
+        decode_into(torch.zeros_like(residual), payload, 0.01, 2)
+        sync(device)
+        encode_times.append(middle - start)
+        decode_times.append(time.perf_counter() - middle)
+    return statistics.median(encode_times[1:]), statistics.median(decode_times[1:])
 
 
 def time_lowbit_average(params: int, device: torch.device, group, calls: int) -> float:

@@ -38,8 +38,12 @@ The communication modes that are not optimizers are priced here:
   diloco      H − 1 inner steps with no communication at all, then an outer step: the pseudo-
               gradient's allreduce, fp32 (4 bytes a parameter) or bf16 (2), or int8 / int4 (1 or
               0.5 byte a parameter plus a 4-byte scale per 256, in an all-to-all and an
-              all-gather), and the outer update's passes over the parameters (counted as one
-              optimizer step). Streamed (`fragments` P): P such steps per H, each on a P-th of
+              all-gather), or int2 (0.25), and the outer update's passes over the parameters
+              (counted as one optimizer step). Sparse (`density` d, `value_bits` b): an all-gather
+              of each rank's payload (d · (12 + b) / 8 bytes a parameter plus a 4-byte scale per
+              4,096) to the W − 1 others, a ring, so the node's link carries W − 1 payloads, plus
+              the top-k coding and the decoding of W payloads (preflight's); where the dense
+              int-b exchange sends fewer bytes (many workers) it is priced, as diloco.py chooses. Streamed (`fragments` P): P such steps per H, each on a P-th of
               the parameters; with `overlap_steps` τ the exchange runs behind the next τ inner
               steps' compute and only what exceeds it is exposed. The last step syncs every
               fragment, blocking. `warmup_steps` W: the first W steps are "warmup" steps,
@@ -66,6 +70,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from commodity_bert.collectives.lowbit import BLOCK as LOWBIT_BLOCK
+from commodity_bert.collectives.lowbit import dense_bytes
+from commodity_bert.collectives.sparse import payload_bytes, sparse_bytes
+from commodity_bert.comm.diloco import LOW_BITS
 from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
 from commodity_bert.optim.registry import PlannedStep, StepPlan, planned
 
@@ -148,6 +155,22 @@ class Network:
             + 2 * (gpus_per_node - 1) * self.intra_latency_s
         return inside + self.pairwise_exchange_s(size, collectives, nodes, 1)
 
+    def allgather_exchange_s(self, payload: float, nodes: int, gpus_per_node: int | tuple[int, ...],
+                             two_levels: bool, fp32_size: float) -> float:
+        """DiLoCo's sparse exchange: an all-gather of every rank's `payload` bytes (a ring: each rank
+        passes on W − 1 payloads), flat over all ranks or, in two levels, the node's fp32 buffer
+        reduced and gathered inside and its G slices' all-gathers between nodes at once (together
+        one whole-model payload per node on the link)."""
+        world, largest_node = world_size(nodes, gpus_per_node), largest(gpus_per_node)
+        if world == 1:
+            return 0.0
+        if two_levels:
+            inside = ring_allreduce_bytes(fp32_size, largest_node) / self.intra_bytes_per_s \
+                + 2 * (largest_node - 1) * self.intra_latency_s
+            return inside + (nodes - 1) * (payload / self.link_bytes_per_s + self.latency_s)
+        seconds = (world - 1) * payload / (self.link_bytes_per_s if nodes > 1 else self.intra_bytes_per_s)
+        return seconds + (world - 1) * (self.latency_s if nodes > 1 else self.intra_latency_s)
+
     def pairwise_exchange_s(self, size: float, collectives: int, nodes: int,
                             gpus_per_node: int | tuple[int, ...]) -> float:
         """A reduce-scatter by all-to-all and an all-gather of `size` bytes (compressed) among all
@@ -178,6 +201,8 @@ class Workload:
     optimizer_s: float          # the optimizer's step, one GPU
     compress_s: float = 0.0     # a 1-bit exchange's compression-stage work over LAMB's step
     lowbit_s: float = 0.0       # DiLoCo int4/int8: the average's quantize/pack/feedback passes, whole model
+    sparse_encode_s: float = 0.0  # DiLoCo sparse: top-k, coding and feedback of the whole model's Δ (at 1%)
+    sparse_decode_s: float = 0.0  # and the decoding of one payload (at 1%; its share grows with the density)
     grad_sync_local_s: float = 0.0  # the gradient allreduce's own memory passes (flatten, scale, copy back)
     scale_block: int | None = 256
     bucket_bytes: float = 25 * 2**20  # bucket-wise clipping's bucket (fp32)
@@ -186,7 +211,9 @@ class Workload:
     loss_scaled: bool = False   # fp16 with a dynamic loss scale (0/1 Adam's syncs agree on it)
     schedule: dict = field(default_factory=dict)  # the optimizer's StepPlan.schedule: its freeze step, …
     inner_steps: int = 50       # DiLoCo's H
-    outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8 | int4
+    outer_compression: str = "none"  # DiLoCo's pseudo-gradient on the wire: none | bf16 | int8 | int4 | int2 | sparse
+    density: float = 0.01       # DiLoCo sparse: the share of each chunk sent
+    value_bits: int = 2         # and the bits of each value sent
     fragments: int = 1          # Streaming DiLoCo: fragments synced at staggered steps
     overlap_steps: int = 0      # and the inner steps each fragment's exchange overlaps
     warmup_steps: int = 0       # DiLoCo's data-parallel steps before the first round
@@ -297,8 +324,24 @@ def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: 
         share = 1.0 if stage == "final" else 1.0 / work.fragments
         params = work.params * share
         compute += work.optimizer_s * share  # the outer update's passes over the fragment
-        bits = {"int8": 8, "int4": 4}.get(work.outer_compression)
-        if bits:  # its passes run on the rank's own cores or stream: not hidden by the overlap
+        bits = LOW_BITS.get(work.outer_compression)
+        exchange_world = nodes if levels else world  # the ranks among which the exchange runs
+        sparse = work.outer_compression == "sparse" and exchange_world > 1 and \
+            sparse_bytes(params, work.density, work.value_bits, exchange_world) <= \
+            dense_bytes(params, work.value_bits, exchange_world)
+        if work.outer_compression == "sparse" and not sparse:  # diloco.py's choice: the dense low-bit exchange
+            bits = work.value_bits
+        if sparse:  # an all-gather of fixed-size payloads: each goes to every other rank, none summed on the way
+            share_of_slice = 1 / (slices(gpus_per_node) if levels else 1)
+            compute += (work.sparse_encode_s + exchange_world * work.sparse_decode_s * work.density / 0.01) \
+                * share * share_of_slice
+            payload = payload_bytes(params, work.density, work.value_bits)
+            seconds = net.allgather_exchange_s(payload, nodes, gpus_per_node, levels, 4.0 * params)
+            sent = (exchange_world - 1) * payload * share_of_slice
+            if levels:
+                sent += ring_allreduce_bytes(4.0 * params, largest(gpus_per_node))
+            rounds = 1 + (2 if levels else 0)
+        elif bits:  # its passes run on the rank's own cores or stream: not hidden by the overlap
             compute += work.lowbit_s * share / (slices(gpus_per_node) if levels else 1)  # two levels: its slice
             size = params * (bits / 8 + 4 / LOWBIT_BLOCK)
             seconds = net.exchange_s(size, 2, nodes, gpus_per_node, levels, 4.0 * params)
