@@ -194,15 +194,20 @@ def tx_reader(cluster, host: int):
     return read
 
 
-@pytest.mark.parametrize("config", ["cpu_tiny_lamb.json", "cpu_tiny_adamw_zero2_bf16.json", "cpu_tiny_diloco_lamb.json",
-                                    "cpu_tiny_zero_one_adam.json", "cpu_tiny_lamb_bucketwise_clip.json",
-                                    "cpu_tiny_onebit_lamb.json"])
-def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp_path, config):
+SPARSE = {"compression": "sparse", "density": 0.05, "error_feedback": True}
+
+
+@pytest.mark.parametrize("config,diloco", [(c, {}) for c in (
+    "cpu_tiny_lamb.json", "cpu_tiny_adamw_zero2_bf16.json", "cpu_tiny_diloco_lamb.json", "cpu_tiny_zero_one_adam.json",
+    "cpu_tiny_lamb_bucketwise_clip.json", "cpu_tiny_onebit_lamb.json")] + [("cpu_tiny_diloco_lamb.json", SPARSE)],
+    ids=lambda v: v if isinstance(v, str) else v.get("compression", ""))
+def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp_path, config, diloco):
     """The metrics' bytes_sent and bytes_received (BytesCounter's model) against what node1's eth0
     really sent and received over the
     steps of a run: LAMB's gradient allreduce, ZeRO-2's reduce and all-gather (through functions
     DeepSpeed took before the counter was installed, which the counter once missed), DiLoCo's outer
-    steps (every 2nd step here) with nothing between, and 0/1 Adam's variance steps and 1-bit
+    steps (every 2nd step here) with nothing between, in fp32 and sparse (the all-gather of top-k
+    payloads: offsets, codes and scales), and 0/1 Adam's variance steps and 1-bit
     exchanges (its freeze comes after this run's 8 steps), and bucket-wise clipping and 1-bit LAMB's
     compressed stage, whose logged gradient norm once sent a whole fp32 allreduce at every step
     logged (hidden from bytes_sent; every step is logged here). Each node is
@@ -213,7 +218,7 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     run, steps = tmp_path / "run", 8
     ds_config = json.loads((REPO / "ds_configs" / config).read_text())
     if "diloco" in ds_config.get("commodity_bert", {}):
-        ds_config["commodity_bert"]["diloco"]["inner_steps"] = 2
+        ds_config["commodity_bert"]["diloco"].update(inner_steps=2, **diloco)
     if ds_config["optimizer"]["type"] == "OneBitLamb":
         ds_config["optimizer"]["params"]["freeze_step"] = 2  # steps 3-8 compressed
     (tmp_path / config).write_text(json.dumps(ds_config))
@@ -240,8 +245,10 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     print(f"{config}: bytes_sent over steps {first + 1}-{last}: {counted:,.0f}; eth0: {wire:,} in {packets:,} "
           f"packets ({resent} resent), {payload:,} without headers; ratio {wire / counted:.4f}")
     # the payload: the counted collectives, what TCP resent, and the metrics' own small
-    # collectives and gloo's framing (0.2% measured with nothing resent)
-    assert counted <= payload <= counted * 1.005 + resent * MSS
+    # collectives and gloo's framing: 11-18 kB over these 6 steps in every mode (0.05-0.3% of the
+    # dense modes' bytes, 2.7% of sparse DiLoCo's 414 kB)
+    allowance = (last - first) * 3000
+    assert counted <= payload <= counted * 1.005 + allowance + resent * MSS
     # received: node1 takes in what node2 sends it, and what node2's TCP resent
     got = {r["step"]: r["bytes_received"] for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r}
     counted_in = sum(got[s] for s in range(first + 1, last + 1))
@@ -249,7 +256,7 @@ def test_bytes_sent_and_received_match_the_interface_counters(cluster, data, tmp
     payload_in = wire_in - HEADER_BYTES * packets_in
     print(f"{config}: bytes_received {counted_in:,.0f}; eth0 received {wire_in:,} in {packets_in:,} packets "
           f"({resent_in} resent by node2), {payload_in:,} without headers")
-    assert counted_in <= payload_in <= counted_in * 1.005 + resent_in * MSS
+    assert counted_in <= payload_in <= counted_in * 1.005 + allowance + resent_in * MSS
 
 
 @pytest.mark.parametrize("per_node", [[2, 2], [2, 1]], ids=["2+2", "2+1"])

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The sparse DiLoCo study: bytes against masked-LM accuracy for DiLoCo's pseudo-gradient sent
+# sparse (the top share of each 4,096 values in 2 or 4 bits, error feedback) beside dense int4 and
+# int2, against LAMB at equal samples (its 16-bit gradient allreduce at every step, the
+# baseline's bytes). mini, 4 workers (4 ranks on this machine, micro-batch 16: the global batch
+# of 64 of the slow-links study), bf16, plain averaging (outer lr 1, no momentum), seed 1.
+# Run again to resume. Figures: benchmarks/RESULTS.md.
+#
+#   bash benchmarks/studies/sparse_diloco/run.sh [WORK]        # default /tmp/sparse_diloco
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+WORK=${1:-/tmp/sparse_diloco}
+PY=${PYTHON:-.venv/bin/python}
+S3=benchmarks/studies/slow_links
+PY=$PY bash benchmarks/studies/sotu_seq128.sh "$WORK"
+
+# The screen: 300 steps of 64 sequences, one seed, evaluated every 100 steps.
+SCREEN="--data $WORK/seq128 --model mini --ranks 4 --samples 19200 --eval-every 100 --seeds 1
+        --train-args=--num-workers=1 --out $WORK/screen"
+FOUR="--vary train_micro_batch_size_per_gpu=16"
+PLAIN="--vary commodity_bert.diloco.outer_lr=1.0 --vary commodity_bert.diloco.outer_momentum=0.0
+       --vary commodity_bert.diloco.error_feedback=true"
+SPARSE="--vary commodity_bert.diloco.compression=sparse"
+$PY -m commodity_bert.ablate --base $S3/lamb.json $FOUR $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
+    --vary commodity_bert.diloco.inner_steps=20 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN --vary commodity_bert.diloco.compression=int4 \
+    --vary commodity_bert.diloco.inner_steps=50 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
+    --vary commodity_bert.diloco.inner_steps=50 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
+    --vary commodity_bert.diloco.density=0.05 --vary commodity_bert.diloco.inner_steps=50 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN --vary commodity_bert.diloco.compression=int2 \
+    --vary commodity_bert.diloco.inner_steps=50 $SCREEN
