@@ -16,6 +16,8 @@ included, as in any run). Each variant's config puts its steady state early:
   diloco_int4_h10    H = 10, int4 pseudo-gradient with error feedback (the streaming study's choice)
   diloco_stream_h10  the same in 2 fragments (offsets 0 and 5), each exchange overlapped with
                      the next 3 inner steps: windows of 10 hold 2 half-model exchanges
+  diloco_sparse_h10  H = 10, sparse pseudo-gradient (the top 1% of each 4,096 values in 2 bits,
+                     error feedback): one all-gather of payloads a round
 Runs of 0/1 Adam and DiLoCo are 31 steps and their last step's window is left out (under
 DiLoCo the last step ends a round); LAMB and 1-bit LAMB run 12 steps, as plan_vs_measured.py's.
 Predictions: bert-plan's step model from that setting's preflight profile, per kind of step,
@@ -55,6 +57,7 @@ VARIANTS = {  # variant: (planner optimizer, steps, log every); a run's last ste
     "diloco_inner": ("diloco", 31, 10),
     "diloco_int4_h10": ("diloco", 31, 10),
     "diloco_stream_h10": ("diloco", 31, 10),
+    "diloco_sparse_h10": ("diloco", 31, 10),
 }
 FREEZE = 4
 
@@ -74,6 +77,8 @@ def config_of(variant: str, micro_batch: int, steps: int) -> dict:
             block.update(compression="int4", error_feedback=True)
         if variant == "diloco_stream_h10":
             block.update(fragments=2, overlap_steps=3)
+        if variant == "diloco_sparse_h10":
+            block.update(compression="sparse", density=0.01, value_bits=2, error_feedback=True)
         config["commodity_bert"] = {"diloco": block}
     return config
 

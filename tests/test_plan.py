@@ -148,6 +148,33 @@ def test_zero_one_adam_and_diloco_steps_by_hand():
     assert step_estimate(priced, "diloco", "final", 4, 1, latency).compute_s == pytest.approx(final.compute_s + 0.4)
 
 
+def test_sparse_diloco_by_hand():
+    """DiLoCo's sparse Δ (collectives/sparse.py): an all-gather of every rank's fixed-size payload,
+    a ring, so a rank sends (and the link carries) W − 1 payloads; the top-k coding once and a
+    payload's decoding per rank in compute; in two levels one payload per node between N nodes;
+    where the dense int-b exchange sends fewer bytes (many workers) it is priced instead."""
+    latency = Network(link_bytes_per_s=1.25e9, latency_s=0.01)
+    chunks, k = -(-100_000_000 // 4096), 41  # 1% of 4,096
+    payload = chunks * (k * 12 / 8 + k * 2 / 8 + 4)
+    sparse = work(outer_compression="sparse", density=0.01, value_bits=2, sparse_encode_s=0.3, sparse_decode_s=0.02)
+    outer = step_estimate(sparse, "diloco", "outer", 4, 1, latency)
+    assert outer.bytes_per_rank == pytest.approx(3 * payload, rel=1e-6) and outer.rounds == 1
+    assert outer.comm_s == pytest.approx(3 * payload / 1.25e9 + 3 * 0.01, rel=1e-6)
+    assert outer.compute_s == pytest.approx(2.2 + 0.3 + 4 * 0.02)
+    assert payload * 3 < 1e8 * 2 * 0.5 / 10  # a tenth of int4's bytes, and less
+    # 5% in 2 bits among 8 workers: 7 payloads of 0.088 byte a value cost more than dense int2's
+    # 2 · 7/8 · 0.27: the dense exchange, priced as int2
+    many = step_estimate(work(outer_compression="sparse", density=0.05, value_bits=2), "diloco", "outer", 8, 1, latency)
+    int2 = step_estimate(work(outer_compression="int2"), "diloco", "outer", 8, 1, latency)
+    assert many == int2 and int2.bytes_per_rank == pytest.approx(1e8 * (0.25 + 4 / 256) * 2 * 7 / 8)
+    # two levels, 4 nodes of 4 GPUs: inside, the fp32 buffer's ring; between nodes each local rank's
+    # slice (a quarter) all-gathered among the 4 nodes: 3 payloads of a whole model on the link
+    levels = step_estimate(sparse, "diloco", "outer", 4, 4, latency)
+    inside = 4e8 * 2 * 3 / 4
+    assert levels.comm_s == pytest.approx(inside / 25e9 + 6 * 10e-6 + 3 * (payload / 1.25e9 + 0.01), rel=1e-6)
+    assert levels.bytes_per_rank == pytest.approx(inside + 3 * payload / 4, rel=1e-6)
+
+
 def test_compressed_exchanges_in_two_levels_by_hand():
     """4 nodes of 4 GPUs: flat, a node's link carries 4 ranks' share of the 1-bit exchange among 16;
     in two levels (the default, comm/topology.py) the fp32 buffer is reduced and gathered inside
@@ -307,6 +334,7 @@ def test_preflight_two_local_ranks_then_estimate(tmp_path, train_data):
         assert r["interface"] and r["device"] and r["matmul_tflops"] > 0
         assert 0 < r["forward_backward_s"] < 10 and 0 < r["optimizer_s"] < 10 and r["onebit_optimizer_s"] > 0
         assert 0 < r["lowbit_average_s"] < 10  # DiLoCo int4 average's own passes
+        assert 0 < r["sparse_decode_s"] < r["sparse_encode_s"] < 10  # and sparse's: top-k costs more than a decoding
         assert 0 < r["real_token_share"] <= 1
     sizes = profile["allreduce"]["sizes"]
     assert [s["mb"] for s in sizes] == [1, 4] and all(s["seconds"] > 0 for s in sizes)
