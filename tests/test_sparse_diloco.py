@@ -11,8 +11,15 @@ from test_diloco import _gathered
 from test_precision import _join
 
 from commodity_bert.collectives.lowbit import dense_bytes
-from commodity_bert.collectives.sparse import (CHUNK, SparseAverage, decode_into, encode, kept_per_chunk,
-                                               payload_bytes, sparse_bytes)
+from commodity_bert.collectives.sparse import (
+    CHUNK,
+    SparseAverage,
+    decode_into,
+    encode,
+    kept_per_chunk,
+    payload_bytes,
+    sparse_bytes,
+)
 from commodity_bert.comm.bytes_counter import BytesCounter
 from commodity_bert.comm.diloco import DEFAULTS, DiLoCo
 from commodity_bert.optim.precision import MasterParams
