@@ -4,6 +4,11 @@ point per variant (the median of its seeds), one line per compression.
 
     python benchmarks/sparse_frontier.py ABL/results.json [...] --json OUT --plot OUT.png [--markdown OUT.md]
 
+Beside each DiLoCo point, what it held back at the end (`held_back`, from its run's last two
+checkpoints): the share of the parameters θ moved between them, and each rank's residual (the
+error feedback: progress not yet sent) against the update θ took. Where the residual is larger
+than what was applied, the compression, not the rounds, limits how far the shared model moves.
+
 The baseline is each ablation's LAMB variant (its 16-bit gradient allreduce at every step, ring
 bytes as the metrics count them) at the same samples and seeds; bytes are the metrics' whole-run
 `bytes_sent` of one worker (values, offsets, scales, every hop).
@@ -35,6 +40,25 @@ def label(s: dict) -> str:
     return s["compression"]
 
 
+def held_back(run_dir: Path) -> dict | None:
+    """Between the run's last two checkpoints: how much of θ moved, and the ranks' residuals against
+    that move (None for a run with fewer than two checkpoints or no DiLoCo state)."""
+    import torch
+    steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    if len(steps) < 2:
+        return None
+    def theta(step):
+        return torch.load(step / "mp_rank_00_model_states.pt", weights_only=False)["diloco"]["start"]
+    moved = theta(steps[-1]) - theta(steps[-2])
+    residuals = []
+    for rank_file in sorted(steps[-1].glob("rng_rank*.pt")):
+        exchange = torch.load(rank_file, weights_only=False)["rank_state"]["diloco_exchange"][0]
+        residuals.append(float(exchange.get("residual", exchange.get("worker_error", torch.zeros(1))).norm()))
+    return {"from_step": int(steps[-2].name.removeprefix("step_")), "to_step": int(steps[-1].name.removeprefix("step_")),
+            "share_of_parameters_moved": float((moved != 0).float().mean()),
+            "residual_over_applied": statistics.fmean(residuals) / float(moved.norm())}
+
+
 def points(paths: list[Path]) -> list[dict]:
     runs = [r for p in paths for r in json.loads(p.read_text()) if r.get("status") == "finished"]
     by_variant: dict[str, list[dict]] = {}
@@ -53,7 +77,8 @@ def points(paths: list[Path]) -> list[dict]:
         out.append({"variant": variant, **s, "label": label(s), "seeds": sorted(r["seed"] for r in rs),
                     "val_mlm_acc": acc, "accs": [r["final_val_mlm_acc"] for r in rs],
                     "gap_points": 100 * (lamb_acc - acc), "bytes_sent": sent, "fewer_bytes_than_lamb": lamb_bytes / sent,
-                    "steps": rs[0]["steps"]})
+                    "steps": rs[0]["steps"],
+                    "held_back": held_back(Path(rs[0]["run_dir"])) if variant.startswith("diloco") else None})
     return out
 
 
@@ -65,11 +90,14 @@ def main() -> None:
     parser.add_argument("--markdown")
     args = parser.parse_args()
     rows = points(args.results)
-    lines = ["| compression | H | val MLM acc | below LAMB (points) | LAMB's bytes ÷ this | seeds |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = ["| compression | H | val MLM acc | below LAMB (points) | LAMB's bytes ÷ this | θ moved (window) "
+             "| residual ÷ applied | seeds |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in sorted(rows, key=lambda r: r["fewer_bytes_than_lamb"]):
+        held = r["held_back"]
+        window = (f"{held['share_of_parameters_moved']:.0%} (steps {held['from_step']}–{held['to_step']}) | "
+                  f"{held['residual_over_applied']:.2f}" if held else "| ")
         lines.append(f"| {r['label']} | {r.get('inner_steps', 1)} | {r['val_mlm_acc']:.2%} | {r['gap_points']:.2f} | "
-                     f"{r['fewer_bytes_than_lamb']:,.0f}× | {', '.join(map(str, r['seeds']))} |")
+                     f"{r['fewer_bytes_than_lamb']:,.0f}× | {window} | {', '.join(map(str, r['seeds']))} |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

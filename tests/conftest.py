@@ -546,7 +546,7 @@ def relaunched(proc, whole, pieces, step: int) -> None:
     every session: data_prep/wordpiece_trainer.py)."""
     assert f"resuming from {pieces / 'checkpoints' / f'step_{step:08d}'} at step {step}" in proc.stdout, proc.stdout
     keys = ("step", "samples", "loss", "mlm_acc", "grad_norm", "loss_scale", "lr", "bytes_sent", "comm_rounds",
-            "val_mlm_acc", "val_loss")
+            "val_mlm_acc", "val_loss", "sparse_sent_share")
     assert [[r.get(k) for k in keys] for r in rows(pieces)] == [[r.get(k) for k in keys] for r in rows(whole)]
 
 
@@ -613,7 +613,7 @@ MODE_CASES = {
         "commodity_bert.diloco.inner_steps": 4, "commodity_bert.diloco.fragments": 2,
         "commodity_bert.diloco.overlap_steps": 2, "commodity_bert.diloco.compression": "sparse",
         "commodity_bert.diloco.density": 0.05, "commodity_bert.diloco.error_feedback": True},
-        10, 5, 5, ("outer_rounds", "sparse_exchange"),
+        10, 5, 5, ("outer_rounds", "sparse_exchange", "sparse_sent_share"),
         ({"commodity_bert.diloco.compression": "sparse"}, "diloco compression sparse keeps what it does not send")),
     # DiLoCo after 6 data-parallel warm-up steps, rounds of 3 (ends at 9, and 10, the last step):
     # the checkpoint at 5 is mid-warm-up; test_training_paths.py compares its warm-up with the

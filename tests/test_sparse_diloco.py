@@ -6,7 +6,7 @@ bytes on the wire against eth0: tests/test_multihost.py."""
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import spawn_ranks
+from conftest import rows, spawn_ranks
 from test_diloco import _gathered
 from test_precision import _join
 
@@ -112,3 +112,18 @@ def test_the_cheaper_exchange_by_bytes():
         cheaper = [w for w in range(2, 64) if sparse_bytes(params, density, bits, w) <= dense_bytes(params, bits, w)]
         assert cheaper == list(range(2, last + 1)), (density, bits, cheaper[-1])
     assert payload_bytes(params, 0.01, 2) < dense_bytes(params, 2, 2) / 10
+
+
+def test_a_sparse_run_says_its_exchange_and_what_it_sent(mode_run):
+    """MODE_CASES["diloco_sparse"]'s run (tiny, 2 ranks, the top 5% in 2 bits, 2 fragments each
+    exchanged behind 2 inner steps): the rows say the payloads are all-gathered and, from the first
+    update applied (step 4: the round that ended at 2) on, the share of the pending update its
+    round sent: above nothing, below all of it (none while the pending update is zero: the first
+    steps' lr is 0 or nearly)."""
+    logged = {r["step"]: r for r in rows(mode_run("diloco_sparse").whole) if "loss" in r}
+    assert all(r["sparse_exchange"] is True for r in logged.values())
+    assert [logged[step]["sparse_sent_share"] for step in (1, 2, 3)] == [None] * 3
+    shares = [r["sparse_sent_share"] for step, r in logged.items() if step >= 4]
+    print(shares)
+    assert shares[-1] is not None and all(0 < s < 1 for s in shares if s is not None)
+    assert len({s for s in shares if s is not None}) >= 2

@@ -90,6 +90,7 @@ class SparseAverage:
         self.numel, self.density, self.bits = numel, density, bits
         self.padded = -(-numel // CHUNK) * CHUNK
         self.residual = torch.zeros(self.padded, device=device)
+        self.sent_share = None  # of the last call: ‖sent‖² / ‖input + residual‖², this rank's (None: all zero)
         self.generator = None
         if rounding == "stochastic":
             self.generator = torch.Generator()  # on the CPU: the same draws on any device
@@ -100,6 +101,8 @@ class SparseAverage:
         wanted[: self.numel] += x
         payload, sent = encode(wanted, self.density, self.bits, self.generator)
         torch.sub(wanted, sent, out=self.residual)
+        pending = float(wanted.square().sum())
+        self.sent_share = float(sent.square().sum()) / pending if pending > 0 else None  # None: nothing to send
         gathered = torch.empty(self.world * payload.numel(), dtype=torch.uint8, device=x.device)
         dist.all_gather_into_tensor(gathered, payload, group=self.group)
         total = torch.zeros(self.padded, device=x.device)
@@ -108,7 +111,7 @@ class SparseAverage:
         return total[: self.numel].div_(self.world)
 
     def state_dict(self) -> dict:
-        state = {"residual": self.residual.cpu()}
+        state = {"residual": self.residual.cpu(), "sent_share": self.sent_share}
         if self.generator is not None:
             state["generator"] = self.generator.get_state()
         return state
@@ -116,5 +119,6 @@ class SparseAverage:
     def load_state_dict(self, state: dict) -> None:
         if "residual" in state and state["residual"].shape == self.residual.shape:
             self.residual.copy_(state["residual"])
+            self.sent_share = state.get("sent_share")
         if self.generator is not None and "generator" in state:
             self.generator.set_state(state["generator"])

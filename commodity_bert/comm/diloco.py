@@ -173,6 +173,7 @@ class Fragment:
         self.numel = sum(b - a for a, b in self.flat)
         self.offset = 0  # its round ends at steps t with t mod H = offset
         self.average = None  # callable: the mean of a flat fp32 tensor over the ranks
+        self.sent_share = None  # sparse: of the update last applied, the share its exchange sent
 
     def take(self, flat: torch.Tensor) -> torch.Tensor:
         return torch.cat([flat[a:b] for a, b in self.flat])
@@ -270,6 +271,12 @@ class DiLoCo:
         part = between(hierarchy.slice_numel(numel), hierarchy.cross) if exchanges else None
         return _TwoLevels(hierarchy, part)
 
+    def sent_share(self) -> float | None:
+        """Sparse: the share of the pending update (Δ plus the residual, squared norm) this rank's
+        last exchange of each fragment sent, averaged over the fragments; None before one ran."""
+        shares = [f.sent_share for f in self.fragments if f.sent_share is not None]
+        return sum(shares) / len(shares) if shares else None
+
     def describe(self) -> str:
         masters = {"plain": "the model's own parameters", "unfused": "DeepSpeed's fp32 copies (per tensor)",
                    "flat": "DeepSpeed's fp32 copies (flat)"}[self.masters.kind]
@@ -355,6 +362,10 @@ class DiLoCo:
         if merge:
             theta = torch.lerp(theta, fragment.local(self.masters.tensors), merge)
         fragment.write_local(self.masters.tensors, theta)
+        # read when the update is applied, not when a background exchange ends: the logged value is
+        # the same in every run
+        exchange = fragment.average.part if isinstance(fragment.average, _TwoLevels) else fragment.average
+        fragment.sent_share = getattr(exchange, "sent_share", None)
         self.rounds += 1 / len(self.fragments)
 
     def _write_masters(self, flat: torch.Tensor) -> None:
@@ -416,7 +427,7 @@ class DiLoCo:
             self._wait(p)  # its bytes are known once it has ended
             held[p] = self.pending[p][2]
         return [{**(f.average.state_dict() if hasattr(f.average, "state_dict") else {}),
-                 "held_bytes": held.get(p, {})} for p, f in enumerate(self.fragments)]
+                 "held_bytes": held.get(p, {}), "applied_sent_share": f.sent_share} for p, f in enumerate(self.fragments)]
 
     def load_rank_state_dict(self, states: list[dict]) -> None:
         if len(states) != len(self.fragments):
@@ -424,6 +435,7 @@ class DiLoCo:
         for p, (fragment, state) in enumerate(zip(self.fragments, states)):
             state = dict(state)
             held = state.pop("held_bytes", {})
+            fragment.sent_share = state.pop("applied_sent_share", None)
             if p in self.pending:
                 self.pending[p] = (*self.pending[p][:2], held)
             if hasattr(fragment.average, "load_state_dict"):

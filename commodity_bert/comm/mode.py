@@ -430,6 +430,7 @@ class DiLoCoMode(LocalSteps):
         fields = {"outer_rounds": self.diloco.rounds}
         if self.settings["compression"] == "sparse":
             fields["sparse_exchange"] = self.diloco.sparse_exchange
+            fields["sparse_sent_share"] = self.diloco.sent_share()
         return fields
 
 
