@@ -4,10 +4,10 @@ point per variant (the median of its seeds), one line per compression.
 
     python benchmarks/sparse_frontier.py ABL/results.json [...] --json OUT --plot OUT.png [--markdown OUT.md]
 
-Beside each DiLoCo point, what it held back at the end (`held_back`, from its run's last two
-checkpoints): the share of the parameters θ moved between them, and each rank's residual (the
-error feedback: progress not yet sent) against the update θ took. Where the residual is larger
-than what was applied, the compression, not the rounds, limits how far the shared model moves.
+Beside each sparse point, the share of the pending update (Δ plus the residual) its rounds sent,
+the median of its rows' `sparse_sent_share` over the run's second half: where it is low, most of
+the ranks' progress waits in their residuals, and the density, not the rounds, holds the shared
+model back.
 
 The baseline is each ablation's LAMB variant (its 16-bit gradient allreduce at every step, ring
 bytes as the metrics count them) at the same samples and seeds; bytes are the metrics' whole-run
@@ -40,23 +40,13 @@ def label(s: dict) -> str:
     return s["compression"]
 
 
-def held_back(run_dir: Path) -> dict | None:
-    """Between the run's last two checkpoints: how much of θ moved, and the ranks' residuals against
-    that move (None for a run with fewer than two checkpoints or no DiLoCo state)."""
-    import torch
-    steps = sorted((run_dir / "checkpoints").glob("step_*"))
-    if len(steps) < 2:
-        return None
-    def theta(step):
-        return torch.load(step / "mp_rank_00_model_states.pt", weights_only=False)["diloco"]["start"]
-    moved = theta(steps[-1]) - theta(steps[-2])
-    residuals = []
-    for rank_file in sorted(steps[-1].glob("rng_rank*.pt")):
-        exchange = torch.load(rank_file, weights_only=False)["rank_state"]["diloco_exchange"][0]
-        residuals.append(float(exchange.get("residual", exchange.get("worker_error", torch.zeros(1))).norm()))
-    return {"from_step": int(steps[-2].name.removeprefix("step_")), "to_step": int(steps[-1].name.removeprefix("step_")),
-            "share_of_parameters_moved": float((moved != 0).float().mean()),
-            "residual_over_applied": statistics.fmean(residuals) / float(moved.norm())}
+def sent_share(run_dir: Path) -> float | None:
+    """The median of the run's logged `sparse_sent_share` over its second half (None where the run
+    logged none: another compression, or a run from before the metric)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    shares = [r["sparse_sent_share"] for r in rows if r.get("sparse_sent_share") is not None
+              and r["step"] > rows[-1]["step"] / 2]
+    return statistics.median(shares) if shares else None
 
 
 def points(paths: list[Path]) -> list[dict]:
@@ -78,7 +68,7 @@ def points(paths: list[Path]) -> list[dict]:
                     "val_mlm_acc": acc, "accs": [r["final_val_mlm_acc"] for r in rs],
                     "gap_points": 100 * (lamb_acc - acc), "bytes_sent": sent, "fewer_bytes_than_lamb": lamb_bytes / sent,
                     "steps": rs[0]["steps"],
-                    "held_back": held_back(Path(rs[0]["run_dir"])) if variant.startswith("diloco") else None})
+                    "sent_share": sent_share(Path(rs[0]["run_dir"])) if s["compression"] == "sparse" else None})
     return out
 
 
@@ -90,14 +80,12 @@ def main() -> None:
     parser.add_argument("--markdown")
     args = parser.parse_args()
     rows = points(args.results)
-    lines = ["| compression | H | val MLM acc | below LAMB (points) | LAMB's bytes ÷ this | θ moved (window) "
-             "| residual ÷ applied | seeds |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| compression | H | val MLM acc | below LAMB (points) | LAMB's bytes ÷ this | sent share | seeds |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for r in sorted(rows, key=lambda r: r["fewer_bytes_than_lamb"]):
-        held = r["held_back"]
-        window = (f"{held['share_of_parameters_moved']:.0%} (steps {held['from_step']}–{held['to_step']}) | "
-                  f"{held['residual_over_applied']:.2f}" if held else "| ")
+        share = f"{r['sent_share']:.0%}" if r["sent_share"] is not None else ""
         lines.append(f"| {r['label']} | {r.get('inner_steps', 1)} | {r['val_mlm_acc']:.2%} | {r['gap_points']:.2f} | "
-                     f"{r['fewer_bytes_than_lamb']:,.0f}× | {window} | {', '.join(map(str, r['seeds']))} |")
+                     f"{r['fewer_bytes_than_lamb']:,.0f}× | {share} | {', '.join(map(str, r['seeds']))} |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

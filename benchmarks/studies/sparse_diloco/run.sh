@@ -14,7 +14,9 @@ PY=${PYTHON:-.venv/bin/python}
 S3=benchmarks/studies/slow_links
 PY=$PY bash benchmarks/studies/sotu_seq128.sh "$WORK"
 
-# The screen: 300 steps of 64 sequences, one seed, evaluated every 100 steps.
+# The screen: 300 steps of 64 sequences, one seed, evaluated every 100 steps: LAMB; sparse at
+# 1% in 2 bits every 20 steps (about 1,080x fewer bytes than LAMB) and every 50; dense int4 and
+# int2 every 50 steps; 5% every 50 and 100 steps.
 SCREEN="--data $WORK/seq128 --model mini --ranks 4 --samples 19200 --eval-every 100 --seeds 1
         --train-args=--num-workers=1 --out $WORK/screen"
 FOUR="--vary train_micro_batch_size_per_gpu=16"
@@ -32,3 +34,29 @@ $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
     --vary commodity_bert.diloco.density=0.05 --vary commodity_bert.diloco.inner_steps=50 $SCREEN
 $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN --vary commodity_bert.diloco.compression=int2 \
     --vary commodity_bert.diloco.inner_steps=50 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
+    --vary commodity_bert.diloco.density=0.05 --vary commodity_bert.diloco.inner_steps=100 $SCREEN
+# Dense at the bytes of sparse 1% in 2 bits every 20 steps (0.83 parameter-bytes a worker over the
+# run): int4 every 300 steps (its one round the last step), int2 every 150.
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN --vary commodity_bert.diloco.compression=int4 \
+    --vary commodity_bert.diloco.inner_steps=300 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN --vary commodity_bert.diloco.compression=int2 \
+    --vary commodity_bert.diloco.inner_steps=150 $SCREEN
+# Values in 4 bits; half the density; every 10 steps.
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE --vary commodity_bert.diloco.value_bits=4 \
+    --vary commodity_bert.diloco.inner_steps=20 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE --vary commodity_bert.diloco.density=0.005 \
+    --vary commodity_bert.diloco.inner_steps=20 $SCREEN
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
+    --vary commodity_bert.diloco.inner_steps=10 $SCREEN
+$PY benchmarks/sparse_frontier.py $WORK/screen/results.json --json $WORK/screen/frontier.json \
+    --plot $WORK/screen/frontier.png --markdown $WORK/screen/frontier.md
+
+# The full run: 1,000 steps, LAMB and sparse at 1% in 2 bits every 20 steps (SEEDS, default 1).
+SEEDS=${SEEDS:-1}
+LONG="--data $WORK/seq128 --model mini --ranks 4 --samples 64000 --eval-every 100 --seeds $SEEDS
+      --train-args=--num-workers=1 --out $WORK/mini_1000"
+$PY -m commodity_bert.ablate --base $S3/lamb.json $FOUR $LONG
+$PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE --vary commodity_bert.diloco.inner_steps=20 $LONG
+$PY benchmarks/sparse_frontier.py $WORK/mini_1000/results.json --json $WORK/mini_1000/frontier.json \
+    --markdown $WORK/mini_1000/frontier.md
