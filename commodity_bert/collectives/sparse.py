@@ -35,10 +35,15 @@ def kept_per_chunk(density: float) -> int:
     return max(1, round(density * CHUNK))
 
 
+def sections(chunks: int, density: float, bits: int) -> tuple[int, int, int]:
+    """The bytes of a payload's offsets, codes and scales for `chunks` chunks."""
+    k = kept_per_chunk(density)
+    return -(-chunks * k * OFFSET_BITS // 8), -(-chunks * k * bits // 8), 4 * chunks
+
+
 def payload_bytes(numel: int, density: float, bits: int) -> int:
     """One rank's payload for a tensor of `numel` values: offsets, codes and scales."""
-    chunks, k = -(-numel // CHUNK), kept_per_chunk(density)
-    return -(-chunks * k * OFFSET_BITS // 8) + -(-chunks * k * bits // 8) + 4 * chunks
+    return sum(sections(-(-numel // CHUNK), density, bits))
 
 
 def sparse_bytes(numel: int, density: float, bits: int, world: int) -> int:
@@ -73,7 +78,7 @@ def decode_into(out: torch.Tensor, payload: torch.Tensor, density: float, bits: 
     """Adds the dense values of one payload to `out` (numel a multiple of CHUNK)."""
     rows = out.view(-1, CHUNK)
     chunks, k, top = rows.shape[0], kept_per_chunk(density), 2 ** (bits - 1)
-    offset_bytes, code_bytes = -(-chunks * k * OFFSET_BITS // 8), -(-chunks * k * bits // 8)
+    offset_bytes, code_bytes, _ = sections(chunks, density, bits)
     offsets = unpack_bits(payload[:offset_bytes], OFFSET_BITS, chunks * k).view(chunks, k)
     codes = unpack_bits(payload[offset_bytes: offset_bytes + code_bytes], bits, chunks * k).view(chunks, k)
     scales = payload[offset_bytes + code_bytes:].clone().view(torch.float32)  # a payload may start unaligned
