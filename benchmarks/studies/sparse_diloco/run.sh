@@ -52,6 +52,10 @@ $PY -m commodity_bert.ablate --base $S3/diloco_lamb.json $FOUR $PLAIN $SPARSE \
 $PY benchmarks/sparse_frontier.py $WORK/screen/results.json --json $WORK/screen/frontier.json \
     --plot $WORK/screen/frontier.png --markdown $WORK/screen/frontier.md
 
+# Bytes a round at 2, 4 and 8 workers (8: 4 hosts x 2 ranks, two levels) on namespace hosts (root).
+$PY benchmarks/sparse_bytes_by_workers.py --data $WORK/seq128 --work $WORK/bytes_by_workers \
+    --json $WORK/bytes_by_workers/bytes.json --markdown $WORK/bytes_by_workers/bytes.md
+
 # The full run: 1,000 steps, LAMB and sparse at 1% in 2 bits every 20 steps (SEEDS, default 1).
 SEEDS=${SEEDS:-1}
 LONG="--data $WORK/seq128 --model mini --ranks 4 --samples 64000 --eval-every 100 --seeds $SEEDS
