@@ -42,7 +42,8 @@ def label(s: dict) -> str:
 
 def sent_share(run_dir: Path) -> float | None:
     """The median of the run's logged `sparse_sent_share` over its second half (None where the run
-    logged none: another compression, or a run from before the metric)."""
+    logged none: another compression, or a run from before the metric). Of a variant's seeds, the
+    first whose run directory is at hand: rows carried from another machine's results have none."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     shares = [r["sparse_sent_share"] for r in rows if r.get("sparse_sent_share") is not None
               and r["step"] > rows[-1]["step"] / 2]
@@ -64,11 +65,12 @@ def points(paths: list[Path]) -> list[dict]:
         s = setting(variant)
         acc = statistics.median(r["final_val_mlm_acc"] for r in rs)
         sent = statistics.median(r["total_bytes"] for r in rs)
+        kept = [Path(r["run_dir"]) for r in rs if r.get("run_dir") and (Path(r["run_dir"]) / "metrics.jsonl").exists()]
         out.append({"variant": variant, **s, "label": label(s), "seeds": sorted(r["seed"] for r in rs),
                     "val_mlm_acc": acc, "accs": [r["final_val_mlm_acc"] for r in rs],
                     "gap_points": 100 * (lamb_acc - acc), "bytes_sent": sent, "fewer_bytes_than_lamb": lamb_bytes / sent,
                     "steps": rs[0]["steps"],
-                    "sent_share": sent_share(Path(rs[0]["run_dir"])) if s["compression"] == "sparse" else None})
+                    "sent_share": sent_share(kept[0]) if s["compression"] == "sparse" and kept else None})
     return out
 
 
