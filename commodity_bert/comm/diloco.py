@@ -296,7 +296,7 @@ class DiLoCo:
         warmup = f"{self.warmup} data-parallel steps first{' (in progress)' if self.warming_up else ''}, then " \
             if self.warmup else ""
         return (f"{warmup}an outer step every {self.inner_steps} steps (lr {self.outer_lr}, momentum {self.momentum}"
-                f"{', Nesterov' if self.nesterov else ''}), pseudo-gradient sent as {sent}{streamed}; "
+                f"{', Nesterov' if self.nesterov and self.momentum else ''}), pseudo-gradient sent as {sent}{streamed}; "
                 f"{self.numel:,} parameters, updated through {masters}; outer state on {self.state_device.type}, "
                 f"round {self.rounds:g}")
 
