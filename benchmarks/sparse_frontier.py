@@ -101,11 +101,17 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name in sorted({r["label"] for r in rows if r["compression"] != "LAMB"}):
             line = sorted((r for r in rows if r["label"] == name), key=lambda r: r["fewer_bytes_than_lamb"])
-            ax.plot([r["fewer_bytes_than_lamb"] for r in line], [r["gap_points"] for r in line], "o-", label=name)
+            # the bar: the seeds' spread, each seed against LAMB's median
+            below = [100 * (max(r["accs"]) - r["val_mlm_acc"]) for r in line]
+            above = [100 * (r["val_mlm_acc"] - min(r["accs"])) for r in line]
+            ax.errorbar([r["fewer_bytes_than_lamb"] for r in line], [r["gap_points"] for r in line],
+                        yerr=[below, above], fmt="o-", capsize=3, label=name)
             for r in line:
                 ax.annotate(f"H={r['inner_steps']}", (r["fewer_bytes_than_lamb"], r["gap_points"]), fontsize=7,
                             textcoords="offset points", xytext=(4, 3))
         ax.axhline(0, color="grey", lw=0.8)
+        ax.axhline(0.3, color="grey", lw=0.8, ls="--")  # the goal: ≥ 1,000× at ≤ 0.3 point below LAMB
+        ax.axvline(1000, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log")
         ax.set_xlabel("LAMB's bytes ÷ the variant's (one worker, whole run)")
         ax.set_ylabel("val MLM accuracy below LAMB (points)")
