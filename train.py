@@ -187,12 +187,21 @@ def parameters_identical_across_ranks(module, device) -> bool:
 say = speaker(rank_zero=True)  # lines for the user, once
 
 
+def leave(status: int):
+    """Exit with `status`, the process group released first: left to the interpreter's
+    finalization, gloo's worker threads can end the rank with SIGABRT ("terminate called without
+    an active exception"; pytorch/pytorch#190489), and the refusal's status 2 reads as a crash."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(status)
+
+
 def stop_for_error(bookkeeping: Bookkeeping, step: int):
     """Every rank, together: one line for the error, one naming the rank that met it. One write per
     rank: under `python -u` print's text and newline are two, and two ranks' lines ran together."""
     sys.stderr.write("".join(line + "\n" for line in bookkeeping.error_lines(step)))
     sys.stderr.flush()
-    sys.exit(2)
+    leave(2)
 
 
 def fail(message: str, everyone: bool = False, status: int = 2):
@@ -200,7 +209,7 @@ def fail(message: str, everyone: bool = False, status: int = 2):
     if everyone or not dist.is_initialized() or dist.get_rank() == 0:
         sys.stderr.write(f"train.py: error: {message}\n")  # one write: not run together with another rank's
         sys.stderr.flush()
-    sys.exit(status)
+    leave(status)
 
 
 def start_watcher(flags: str, run_dir: Path, rank: int) -> None:
@@ -302,7 +311,7 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
         dist.all_gather_object(problems, problem)
         if rank == next(r for r, p in enumerate(problems) if p):
             fail(problem, everyone=True)
-        sys.exit(2)
+        leave(2)
     max_steps = args.max_steps or config.total_num_steps
     if not max_steps:
         fail("give --max-steps (or total_num_steps in the config's scheduler)")

@@ -284,13 +284,19 @@ def one_rank_group():
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # train.py's refusals release it themselves
+            dist.destroy_process_group()
 
 
 def refused_in_process(check, capsys) -> tuple[int, str]:
-    """check() under one_rank_group, which must end in train.py's fail(): (status, stderr)."""
-    with one_rank_group(), pytest.raises(SystemExit) as exit_:
-        check()
+    """check() under one_rank_group, which must end in train.py's fail(): (status, stderr). The
+    refusal released the process group: left to the interpreter's exit, gloo's threads can abort
+    the rank, its status 2 becoming SIGABRT's."""
+    import torch.distributed as dist
+    with one_rank_group():
+        with pytest.raises(SystemExit) as exit_:
+            check()
+        assert not dist.is_initialized(), "train.py refused with its process group still up"
     return exit_.value.code, capsys.readouterr().err
 
 
