@@ -187,12 +187,17 @@ def parameters_identical_across_ranks(module, device) -> bool:
 say = speaker(rank_zero=True)  # lines for the user, once
 
 
-def leave(status: int):
-    """Exit with `status`, the process group released first: left to the interpreter's
-    finalization, gloo's worker threads can end the rank with SIGABRT ("terminate called without
-    an active exception"; pytorch/pytorch#190489), and the refusal's status 2 reads as a crash."""
+def release_process_group():
+    """Destroy the process group while the interpreter is whole: left to its finalization, gloo's
+    worker threads can end the rank with SIGABRT ("terminate called without an active exception";
+    pytorch/pytorch#190489), a finished run's status 0 or a refusal's 2 reading as a crash."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def leave(status: int):
+    """Exit with `status`, the process group released first."""
+    release_process_group()
     sys.exit(status)
 
 
@@ -688,12 +693,8 @@ if __name__ == "__main__":
         # one process table, signal each rank twice.
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)
-        # The process group goes while the interpreter is whole: left to its finalization, gloo's
-        # worker threads can end a rank that finished with SIGABRT ("terminate called without an
-        # active exception"; pytorch/pytorch#190489). Here, not in main(): benchmarks/gpu/session.py
-        # calls main() again in the same process.
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        # Here, not in main(): benchmarks/gpu/session.py calls main() again in the same process.
+        release_process_group()
         # The interpreter's exit then frees torch's and transformers' objects one by one: ~1 s a
         # rank, paid by every launch; frozen, the collector skips them (0.15 s).
         gc.freeze()
