@@ -18,9 +18,9 @@ from commodity_bert.train.downstream_watcher import WatcherError, check, watcher
 
 FAST = ["--seeds", "1", "--epochs", "1", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "1",
         "--lr", "5e-5", "--min-steps", "0"]
-# --lr auto on a small task: two rates, three epochs each, no minimum
+# --lr auto on a small task: two rates, three epochs each, no minimum, one held-out slice, two lengths
 SELECT = ["--seeds", "1", "--epochs", "3", "--batch-size", "16", "--max-seq-len", "64", "--quiet", "--threads", "1",
-          "--min-steps", "0", "--lr-grid", "1e-4", "1e-3"]
+          "--min-steps", "0", "--lr-grid", "1e-4", "1e-3", "--lr-folds", "1", "--steps-grid", "12", "45"]
 
 
 @pytest.fixture(scope="module")
@@ -524,7 +524,8 @@ def marked(rows, flip=False, noise=0.0):
 
 def test_lr_selection_never_reads_the_dev_set(tmp_path, small, run30):
     """The same training file with the true dev labels and with every dev label inverted: if the
-    choice looked at dev, its scores (and likely its choice) would differ."""
+    choice of rate and length (early stopping) looked at dev, its scores (and likely its choice)
+    would differ."""
     train = write(tmp_path / "train.csv", marked(small["train"]), "csv")
     dev = write(tmp_path / "dev.csv", marked(small["dev"]), "csv")
     flipped = write(tmp_path / "flipped.csv", marked(small["dev"], flip=True), "csv")
@@ -533,6 +534,9 @@ def test_lr_selection_never_reads_the_dev_set(tmp_path, small, run30):
                             json_out=tmp_path / "f.json")
     assert true["hyperparameters"]["lr"] == "auto" and true["selection"]["grid"] == [1e-4, 1e-3]
     assert true["lr_selection"] == inverted["lr_selection"] and true["lr"] == inverted["lr"]
+    assert true["selection_trials"] == inverted["selection_trials"] and true["steps"] == inverted["steps"]
+    assert {(t["lr"], t["steps"]) for t in true["selection_trials"]} == {(r, n) for r in (1e-4, 1e-3) for n in (12, 45)}
+    assert true["selection"]["steps_grid"] == [12, 45] and true["per_seed"][0]["steps"] == true["steps"]
     assert true["selection"]["held_out"] == 50 and true["selection"]["from"] == "training split"
     # the dev scores themselves do see the labels: inverted, the same predictions score 1 - x
     assert true["per_seed"][0]["value"] == pytest.approx(1 - inverted["per_seed"][0]["value"])
@@ -597,7 +601,9 @@ def test_lr_flags_bad_values_are_one_line(tmp_path, capsys):
                            (["--min-steps", "-5"], "--min-steps must be 0 or more"),
                            (["--pooling", "max"], "invalid choice: 'max'"),
                            (["--lr-folds", "0"], "--lr-folds 0: give 1 (one held-out slice) to 10 folds"),
-                           (["--lr", "1e-4", "--lr-folds", "3"], "--lr-folds goes with --lr auto")):
+                           (["--lr", "1e-4", "--lr-folds", "3"], "--lr-folds goes with --lr auto"),
+                           (["--lr", "1e-4", "--steps-grid", "50"], "--steps-grid goes with --lr auto"),
+                           (["--steps-grid", "50", "0"], "--steps-grid: give distinct positive step counts")):
         with pytest.raises(SystemExit) as stop:
             finetune_main(["--model", str(tmp_path), "--task", "embedded:polarity", *args])
         err = capsys.readouterr().err.strip().splitlines()
@@ -662,6 +668,34 @@ def test_head_lr_gives_the_classifier_its_own_rate(run30, capsys):
         finetune_main(["--model", str(run30), "--task", "embedded:party", "--head-lr", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1 and "--head-lr must be positive" in err[0], err
+
+
+def test_layer_lr_decay_gives_each_layer_its_rate(run30, capsys):
+    """--layer-lr-decay d on run30's 2 layers (L = 2): the head at lr, the top layer at d, the
+    one below at d^2, the embeddings at d^3 (ELECTRA's depths); with --head-lr the head at its
+    own; every parameter in exactly one group, weight decay as before; d out of (0, 1] is one line."""
+    from commodity_bert.finetune import models, trainer
+    model = models.classifier(models.load(run30), 2, random_init=False)
+    named = dict(model.named_parameters())
+    for hp, head in ((trainer.Hyperparameters(lr=1e-3, layer_lr_decay=0.5), 1e-3),
+                     (trainer.Hyperparameters(lr=1e-3, layer_lr_decay=0.5, head_lr=1e-2), 1e-2)):
+        groups = trainer.parameter_groups(model, hp)
+        assert sum(len(g["params"]) for g in groups) == len(named)
+        rate = {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
+        expected = {"bert.embeddings.word_embeddings.weight": (1e-3 / 8, 0.01),
+                    "bert.embeddings.LayerNorm.weight": (1e-3 / 8, 0.0),
+                    "bert.encoder.layer.0.attention.self.query.weight": (1e-3 / 4, 0.01),
+                    "bert.encoder.layer.1.output.dense.bias": (1e-3 / 2, 0.0),
+                    "bert.encoder.layer.1.intermediate.dense.weight": (1e-3 / 2, 0.01),
+                    "classifier.weight": (head, 0.01), "classifier.bias": (head, 0.0)}
+        for name, (lr, decay) in expected.items():
+            assert rate[id(named[name])][0] == pytest.approx(lr) and rate[id(named[name])][1] == decay, name
+    assert {g["lr"] for g in trainer.parameter_groups(model, trainer.Hyperparameters(lr=1e-3))} == {1e-3}
+    for value in ("0", "1.5"):
+        with pytest.raises(SystemExit) as stop:
+            finetune_main(["--model", str(run30), "--task", "embedded:party", "--layer-lr-decay", value])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and f"--layer-lr-decay {float(value)}" in err[0], err
 
 
 def test_write_train_text_is_the_training_split_only_one_document_each(tmp_path, capsys):

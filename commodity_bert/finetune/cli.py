@@ -84,9 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "on a held-out slice of the training data, for each arm")
     hp.add_argument("--lr-grid", type=float, nargs="+", help="rates --lr auto tries (default: 3e-5 1e-4 3e-4 1e-3 "
                     "for models narrower than BERT-base, else 3e-5 5e-5 1e-4 3e-4)")
-    hp.add_argument("--lr-folds", type=int, default=1, metavar="K",
-                    help="--lr auto scores each rate by K-fold cross-validation on the training rows (K "
-                         "fine-tunings a rate) instead of one held-out slice (default %(default)s: the slice)")
+    hp.add_argument("--lr-folds", type=int, default=3, metavar="K",
+                    help="--lr auto scores each rate (and length) by K-fold cross-validation on the training "
+                         "rows, K fine-tunings each; 1: one held-out slice of a tenth, K times cheaper and noisier")
+    hp.add_argument("--early-stopping", action=argparse.BooleanOptionalAction, default=True,
+                    help="--lr auto chooses the number of steps with the rate, by the same cross-validation: each "
+                         "length of --steps-grid a whole schedule (warm-up, decay to 0 at its end), and the "
+                         "chosen one re-run so for every seed; --no-early-stopping: the full length alone")
+    hp.add_argument("--steps-grid", type=int, nargs="+", metavar="N",
+                    help="the lengths --early-stopping tries, in optimizer steps (default: a quarter, a half and "
+                         "all of the schedule --epochs and --min-steps give)")
+    hp.add_argument("--layer-lr-decay", type=float, default=1.0, metavar="D",
+                    help="each encoder layer fine-tunes at D times the rate of the layer above it, the top layer "
+                         "at D times the head's, the embeddings lowest (ELECTRA's 0.8; default 1: one rate)")
     hp.add_argument("--min-steps", type=int, help="at least this many optimizer steps (more epochs for a small "
                     "task; default: " + ", ".join(f"{f.min_steps} for {f.description}" for f in families()) + ")")
     hp.add_argument("--pooling", choices=POOLINGS, default="mean",
@@ -132,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     return show_defaults(p)
 
 
-def check_arguments(args) -> None:
+def check_arguments(args, given: frozenset = frozenset()) -> None:
+    """`given`: the flags on the command line (a default is not a request)."""
     if args.write_train_text is not None:
         if args.model is not None or args.watch is not None:
             raise UsageError("--write-train-text writes a task's text and exits; it takes no --model or --watch")
@@ -158,8 +169,15 @@ def check_arguments(args) -> None:
         raise UsageError("--lr and --lr-grid must be positive numbers")
     if not 1 <= args.lr_folds <= 10:
         raise UsageError(f"--lr-folds {args.lr_folds}: give 1 (one held-out slice) to 10 folds")
-    if args.lr_folds > 1 and args.lr != "auto":
+    if args.lr_folds > 1 and args.lr != "auto" and "--lr-folds" in given:
         raise UsageError("--lr-folds goes with --lr auto; a fixed --lr selects nothing")
+    if args.steps_grid is not None:
+        if args.lr != "auto" or not args.early_stopping:
+            raise UsageError("--steps-grid goes with --lr auto and --early-stopping; a fixed --lr selects nothing")
+        if any(n <= 0 for n in args.steps_grid) or len(set(args.steps_grid)) != len(args.steps_grid):
+            raise UsageError("--steps-grid: give distinct positive step counts, e.g. 50 100 200")
+    if not (0 < args.layer_lr_decay <= 1):
+        raise UsageError(f"--layer-lr-decay {args.layer_lr_decay}: give a factor in (0, 1], e.g. 0.8; 1 is off")
     if args.head_lr is not None and not (args.head_lr > 0 and math.isfinite(args.head_lr)):
         raise UsageError("--head-lr must be positive")
     if args.min_steps is not None and args.min_steps < 0:
@@ -251,7 +269,7 @@ def hyperparameters(args, device, family: str = DEFAULT):
                            precision=pick_precision(args.precision, device),
                            min_steps=FAMILIES[family].min_steps if args.min_steps is None else args.min_steps,
                            pooling=args.pooling, reinit_layers=args.reinit_layers, head_lr=args.head_lr,
-                           head_init=args.head_init, stride=args.stride)
+                           head_init=args.head_init, stride=args.stride, layer_lr_decay=args.layer_lr_decay)
 
 
 def print_report(result: dict) -> None:
@@ -262,6 +280,8 @@ def print_report(result: dict) -> None:
     lr = ("auto: the best of " + ", ".join(f"{g:g}" for g in result["selection"]["grid"]) +
           f" {scored}") if hp["lr"] == "auto" else f"{hp['lr']:g}"
     steps = result["per_seed"][0]["steps"]
+    if hp["lr"] == "auto" and result["selection"].get("early_stopping"):
+        lr += ", and its steps of " + ", ".join(str(n) for n in result["selection"]["steps_grid"])
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     sampled = result.get("train_examples")
     family = FAMILIES[result.get("family", DEFAULT)]
@@ -271,12 +291,12 @@ def print_report(result: dict) -> None:
           f"({result['train_size']}{of} train); {len(result['per_seed'])} seeds, {steps} steps ({hp['epochs']:g} "
           f"epochs, at least {hp['min_steps']}), lr {lr}, batch {hp['batch_size']}, max {hp['max_seq_len']} tokens, "
           f"{head}{reinit}, {hp['precision']} on {result['device']}; {result['seconds']:.0f} s")
-    print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}{'lr':>8}   per seed")
+    print(f"{'':<24}{'median':>8}{'min':>8}{'max':>8}{'lr':>8}{'steps':>7}   per seed")
     named = [("pretrained", result)] + ([("random init", result["random_init"])] if result["random_init"] else [])
     for name, row in named:
         per_seed = " ".join(f"{100 * r['value']:.1f}" for r in row["per_seed"])
         print(f"{name:<24}{100 * row['median']:>7.1f}%{100 * row['min']:>7.1f}%{100 * row['max']:>7.1f}%"
-              f"{row['lr']:>8.0e}   {per_seed}")
+              f"{row['lr']:>8.0e}{row.get('steps', steps):>7}   {per_seed}")
         if "exact_match" in row:
             em = row["exact_match"]
             print(f"{'  exact match':<24}{100 * em['median']:>7.1f}%{100 * em['min']:>7.1f}%{100 * em['max']:>7.1f}%")
@@ -293,8 +313,9 @@ def write_json(path: Path, obj) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
+        argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
         args = build_parser().parse_args(argv)
-        check_arguments(args)
+        check_arguments(args, frozenset(a.split("=")[0] for a in argv if a.startswith("--")))
         task = load_task(args)  # before any model is read: a bad file is reported at once
         if args.check_only:
             return
@@ -319,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         from commodity_bert.finetune import models
         pretrained = models.load(args.model)
         result = evaluate(pretrained, task, hp, args.seeds, device, cache_dir, args.random_init, not args.quiet,
-                          args.lr_grid, args.lr_folds)
+                          args.lr_grid, args.lr_folds, args.steps_grid, args.early_stopping)
     except (TaskError, ModelError) as exc:
         fail(str(exc))
     print_report(result)

@@ -110,9 +110,12 @@ register_family(Family(
 
 
 def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_dir: Path | None,
-             random_init: bool, progress: bool = True, lr_grid: list[float] | None = None, lr_folds: int = 1) -> dict:
+             random_init: bool, progress: bool = True, lr_grid: list[float] | None = None, lr_folds: int = 1,
+             steps_grid: list[int] | None = None, early_stopping: bool = False) -> dict:
     """Fine-tune over every seed (and the random-init baseline), each arm at its own chosen lr
-    when hp.lr is None (auto); the result object of --json."""
+    when hp.lr is None (auto), and with `early_stopping` its own number of steps, chosen with
+    the rate from `steps_grid` (default: selection.default_lengths); the result object of
+    --json."""
     import torch
 
     from commodity_bert.finetune import selection
@@ -130,17 +133,22 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
                         f"choosing the rate; give --lr, or more examples")
     grid = lr_grid or selection.default_grid(pretrained.config.hidden_size)
     splits = selection.folds(train.labels, lr_folds) if lr_folds > 1 else [(fit_rows, held_rows)]
+    full = trainer.total_steps(len(train), hp)
+    lengths = (steps_grid or selection.default_lengths(full)) if early_stopping else [full]
     rows = {}
     for name, from_random in (("pretrained", False),) + ((("random_init", True),) if random_init else ()):
-        lr, trials = hp.lr, None
+        lr, steps, trials = hp.lr, hp.steps, None
         if lr is None:
-            lr, trials = selection.select_lr(pretrained, task, train, hp, grid, seeds[0], device, from_random,
-                                             progress, name, splits, family.finetune)
-        chosen = replace(hp, lr=lr)
+            lr, steps, trials = selection.select(pretrained, task, train, hp, grid, lengths, seeds[0], device,
+                                                 from_random, progress, name, splits, family.finetune)
+        chosen = replace(hp, lr=lr, steps=steps)
         per_seed = [family.finetune(pretrained, task, train, dev, seed, chosen, device, from_random, progress)
                     for seed in seeds]
-        rows[name] = {**trainer.summarise(per_seed), "lr": lr,
-                      "lr_selection": None if trials is None else {f"{k:g}": v for k, v in trials.items()}}
+        rows[name] = {**trainer.summarise(per_seed), "lr": lr, "steps": per_seed[0]["steps"],
+                      "lr_selection": None if trials is None else
+                      {f"{rate:g}": value for (rate, n), value in trials.items() if n == full} or None,
+                      "selection_trials": None if trials is None else
+                      [{"lr": rate, "steps": n, "value": value} for (rate, n), value in trials.items()]}
         if "exact_match" in per_seed[0]:  # QA: its second metric, summarised as the first
             rows[name]["exact_match"] = {k: v for k, v in trainer.summarise(
                 [{"value": r["exact_match"]} for r in per_seed]).items() if k != "per_seed"}
@@ -151,7 +159,9 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
             "train_examples": task.source.get("train_examples"), "dev_size": len(dev),
             "seconds": round(time.perf_counter() - started, 1),
             **family.baselines(pretrained, task, train, dev, fit_rows, held_rows, hp, seeds, device),
-            "selection": {"held_out": len(held_rows), "folds": lr_folds, "grid": grid if hp.lr is None else None,
+            "selection": {"held_out": len(held_rows), "folds": lr_folds,
+                          "grid": grid if hp.lr is None else None,
+                          "steps_grid": lengths if hp.lr is None else None, "early_stopping": early_stopping,
                           "seed": seeds[0], "from": "training split"},
             "random_init": rows.get("random_init"),
             "hyperparameters": trainer.hyperparameters_dict(hp), "device": str(device),

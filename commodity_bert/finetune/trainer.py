@@ -51,10 +51,14 @@ class Hyperparameters:
     reinit_layers: int = 0  # the top N encoder layers start fresh (models.classifier)
     head_lr: float | None = None  # the classifier head's rate; None: lr, as the encoder's
     head_init: str = "fresh"  # fresh | probe: a logistic regression on the frozen features (fit_head_to_probe)
+    layer_lr_decay: float = 1.0  # each encoder layer's rate this times the one above's (layer_depths); 1: one rate
+    steps: int | None = None  # optimizer steps, whatever epochs and min_steps say (chosen by selection.py)
     stride: int | None = None  # extractive QA: tokens two windows of a context share (qa.py); None: a quarter
 
 
 def total_steps(examples: int, hp: Hyperparameters) -> int:
+    if hp.steps:
+        return hp.steps
     return max(1, round(hp.epochs * math.ceil(examples / hp.batch_size)), hp.min_steps)
 
 
@@ -189,19 +193,43 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def layer_depths(names: list[str], num_layers: int) -> dict[str, int]:
+    """Each parameter's depth for layer-wise learning-rate decay: the embeddings 0, encoder layer
+    i (from 0) i + 1, the pooler and the task's head L + 1."""
+    depths = {}
+    for name in names:
+        if name.startswith("bert.embeddings."):
+            depths[name] = 0
+        elif name.startswith("bert.encoder.layer."):
+            depths[name] = int(name.split(".")[3]) + 1
+        else:
+            depths[name] = num_layers + 1
+    return depths
+
+
 def parameter_groups(model: torch.nn.Module, hp: Hyperparameters) -> list[dict]:
     """AdamW's groups: no weight decay on biases and LayerNorms; the classifier head at its own
     rate where --head-lr gives one (a fresh head beside a pretrained encoder that a small rate
-    keeps: at the encoder's 3e-5 the head barely learns in a few hundred steps)."""
+    keeps: at the encoder's 3e-5 the head barely learns in a few hundred steps); with
+    --layer-lr-decay d below 1, a parameter at depth k (layer_depths) of a model of L layers at
+    lr * d ** (L + 1 - k): the top layer at d times the rate, the embeddings at d ** (L + 1)
+    (ELECTRA, Clark et al. 2020, who count their task layer one deeper: the lower layers hold the
+    general features fine-tuning should move least)."""
     no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")
-    groups = []
-    for head in (False, True):
-        named = [(n, p) for n, p in model.named_parameters() if n.startswith("classifier.") == head]
+    named = list(model.named_parameters())
+    layers = model.bert.config.num_hidden_layers if hasattr(model, "bert") else 0
+    depths = layer_depths([n for n, _ in named], layers)
+    top = layers + 1
+    groups: dict[tuple, dict] = {}
+    for name, param in named:
+        head = name.startswith("classifier.")
         lr = hp.head_lr if head and hp.head_lr is not None else hp.lr
-        groups += [{"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": hp.weight_decay,
-                    "lr": lr},
-                   {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0, "lr": lr}]
-    return [g for g in groups if g["params"]]
+        if hp.layer_lr_decay != 1.0 and not head and lr is not None:
+            lr = lr * hp.layer_lr_decay ** (top - depths[name])
+        decay = 0.0 if name.endswith(no_decay) else hp.weight_decay
+        key = (head, depths[name] if hp.layer_lr_decay != 1.0 else 0, decay)
+        groups.setdefault(key, {"params": [], "weight_decay": decay, "lr": lr})["params"].append(param)
+    return list(groups.values())
 
 
 PROBE_CS = (0.001, 0.01, 0.1, 1.0)
