@@ -77,16 +77,7 @@ from commodity_bert.train.launch_checks import (
 from commodity_bert.train.memory import live_tensor_bytes, peak_allocated_bytes
 from commodity_bert.train.metrics import MetricsLogger, monitor_problem
 from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_accuracy
-
-
-def parse_duration(text: str) -> float:
-    """'24h', '90m', '1h30m', '45s' or plain seconds → seconds."""
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 24h, 90m, 1h30m or 3600")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+from commodity_bert.train.schedule import parse_duration
 
 
 def build_parser() -> argparse.ArgumentParser:
