@@ -24,7 +24,8 @@ from pathlib import Path
 # other's; a setting a result predates is read at today's default
 SAME_RECIPE = {"epochs": None, "lr": None, "batch_size": None, "max_seq_len": None, "warmup_fraction": None,
                "weight_decay": None, "dropout": None, "max_grad_norm": None, "precision": None, "min_steps": None,
-               "pooling": None, "reinit_layers": 0, "head_lr": None, "head_init": "fresh"}
+               "pooling": None, "reinit_layers": 0, "head_lr": None, "head_init": "fresh", "layer_lr_decay": 1.0,
+               "steps": None}
 
 
 def random_init_key(result: dict) -> str:
@@ -32,20 +33,26 @@ def random_init_key(result: dict) -> str:
     seeds, the fine-tuning recipe. Random init does not depend on the pretrained model, so one
     arm per key is computed once and serves every model of the curve."""
     recipe = {k: result.get("hyperparameters", {}).get(k, default) for k, default in SAME_RECIPE.items()}
-    folds = (result.get("selection") or {}).get("folds", 1)  # --lr-folds: how the rate was chosen
+    selection = result.get("selection") or {}
+    chosen = [selection.get("folds", 1)]  # --lr-folds: how the rate was chosen; and the length, where it was
+    chosen += [selection["steps_grid"]] if selection.get("early_stopping") and selection.get("steps_grid") else []
     return json.dumps([result["task"], result.get("train_examples"), [s["seed"] for s in result["per_seed"]], recipe,
-                       folds], sort_keys=True)
+                       *chosen], sort_keys=True)
 
 
-def load_rows(paths: list[Path], seq_len: int) -> list[dict]:
+def load_rows(paths: list[Path], seq_len: int, random_init_from: Path | None = None) -> list[dict]:
     """One row per result. A result fine-tuned without --random-init takes the random-init arm
-    (and random features' probe) of another input with the same task, rows, seeds and recipe."""
+    (and random features' probe) of another input with the same task, rows, seeds and recipe,
+    or, with `random_init_from`, that result's arm whatever its recipe (a curve whose points
+    fine-tune at the rate and length the full run's own selection chose, beside random init at
+    its own choice)."""
     results = {path: json.loads(path.read_text()) for path in paths}
     arms = {random_init_key(r): (path, r) for path, r in results.items() if r.get("random_init")}
+    fixed = (random_init_from, json.loads(random_init_from.read_text())) if random_init_from else None
     rows = []
     for path, result in results.items():
-        random_source, random_result = (path, result) if result.get("random_init") else \
-            arms.get(random_init_key(result), (None, None))
+        random_source, random_result = fixed or ((path, result) if result.get("random_init") else
+                                                 arms.get(random_init_key(result), (None, None)))
         if random_result is None:
             raise SystemExit(f"gain_curve.py: error: {path} has no random-init arm and no other input has one for "
                              f"its task, rows, seeds and recipe; run bert-finetune with --random-init once for them")
@@ -59,8 +66,9 @@ def load_rows(paths: list[Path], seq_len: int) -> list[dict]:
         rows.append({
             "task": result["task"], "train_size": result["train_size"],
             "all_labels": result.get("train_examples") is None, "tokens": samples * seq_len,
-            "pretrained": {k: result[k] for k in ("median", "min", "max", "lr")},
-            "random_init": {k: random_init[k] for k in ("median", "min", "max", "lr")},
+            "pretrained": {k: result.get(k, result["per_seed"][0].get(k)) for k in ("median", "min", "max", "lr", "steps")},
+            "random_init": {k: random_init.get(k, random_init["per_seed"][0].get(k))
+                            for k in ("median", "min", "max", "lr", "steps")},
             "gain_points": round(100 * (result["median"] - random_init["median"]), 2),
             "above_random_max": result["median"] > random_init["max"],
             "probe": (probe.get("pretrained") or {}).get("value"),
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="bert-finetune --json results, one model/task/N each")
     parser.add_argument("--seq-len", type=int, default=128, help="the pretraining sequence length")
+    parser.add_argument("--random-init-from", type=Path, metavar="RESULT",
+                        help="take every row's random-init arm from this result (whatever its recipe)")
     parser.add_argument("--table", type=Path, help="write the Markdown table here")
     parser.add_argument("--plot", type=Path, help="write the PNG here")
     parser.add_argument("--json", type=Path, help="write the rows here")
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [str(p) for p in args.results if not p.is_file()]
     if missing:
         raise SystemExit(f"gain_curve.py: error: no such result file: {', '.join(missing)}")
-    rows = load_rows(args.results, args.seq_len)
+    rows = load_rows(args.results, args.seq_len, args.random_init_from)
     text = table(rows)
     sys.stdout.write(text)
     if args.table:
