@@ -299,11 +299,13 @@ def print_report(result: dict) -> None:
     folds = result["selection"].get("folds", 1)
     scored = (f"by {folds}-fold cross-validation on the training examples" if folds > 1 else
               f"on {result['selection']['held_out']} held-out training examples")
+    early = hp["lr"] == "auto" and result["selection"].get("early_stopping")
+    lengths = result["selection"].get("steps_grid") or []
     lr = ("auto: the best of " + ", ".join(f"{g:g}" for g in result["selection"]["grid"]) +
+          (" at " + ", ".join(str(n) for n in lengths) + " steps" if early else "") +
           f" {scored}") if hp["lr"] == "auto" else f"{hp['lr']:g}"
-    steps = result["per_seed"][0]["steps"]
-    if hp["lr"] == "auto" and result["selection"].get("early_stopping"):
-        lr += ", and its steps of " + ", ".join(str(n) for n in result["selection"]["steps_grid"])
+    # with early stopping the full schedule's length; each arm's chosen length is in its row
+    steps = max(lengths) if early else result["per_seed"][0]["steps"]
     reinit = f", top {hp['reinit_layers']} layers re-initialised" if hp.get("reinit_layers") else ""
     sampled = result.get("train_examples")
     family = FAMILIES[result.get("family", DEFAULT)]

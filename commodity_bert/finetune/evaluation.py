@@ -133,7 +133,7 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
                         f"choosing the rate; give --lr, or more examples")
     grid = lr_grid or selection.default_grid(pretrained.config.hidden_size)
     splits = selection.folds(train.labels, lr_folds) if lr_folds > 1 else [(fit_rows, held_rows)]
-    full = trainer.total_steps(len(train), hp)
+    full = trainer.total_steps(len(train.input_ids), hp)  # steps count units: rows, a QA family's windows
     lengths = (steps_grid or selection.default_lengths(full)) if early_stopping else [full]
     rows = {}
     for name, from_random in (("pretrained", False),) + ((("random_init", True),) if random_init else ()):

@@ -142,7 +142,7 @@ def select_lr(pretrained, task, train, hp, grid: list[float], seed: int, device,
               finetune=None) -> tuple[float, dict[float, float]]:
     """The rate alone, at the schedule's own length (`select` with one length)."""
     from commodity_bert.finetune import trainer
-    full = trainer.total_steps(len(train), hp)
+    full = trainer.total_steps(len(train.input_ids), hp)
     rate, _, trials = select(pretrained, task, train, hp, grid, [full], seed, device, random_init, progress, name,
                              splits, finetune)
     return rate, {lr: value for (lr, _), value in trials.items()}
