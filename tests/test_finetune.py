@@ -102,32 +102,43 @@ def test_embedded_polarity_is_deterministic_balanced_and_disjoint(polarity):
 
 @pytest.mark.slow
 def test_csv_tsv_jsonl_and_saved_dataset_give_the_same_result(tmp_path, small, run30):
+    """Every form of the same rows is read as the same task (texts, labels, label names, in
+    order), and two forms fine-tuned give the same number, the second from the first's tokenized
+    cache: the rest need not fine-tune to show that they would too."""
     from datasets import Dataset, DatasetDict
+
+    from commodity_bert.finetune.cli import build_parser, load_task
     model = run30 / "hf_model"
-    results = {}
+    paths = {}
     for form in ("csv", "tsv", "jsonl"):
-        train = write(tmp_path / form / f"train.{form}", small["train"], form)
-        dev = write(tmp_path / form / f"dev.{form}", small["dev"], form)
-        results[form] = run_finetune("--model", model, "--train", train, "--validation", dev, *FAST,
-                                     json_out=tmp_path / f"{form}.json", cache=small["cache"])
+        paths[form] = (write(tmp_path / form / f"train.{form}", small["train"], form),
+                       write(tmp_path / form / f"dev.{form}", small["dev"], form))
     saved = tmp_path / "saved"
     DatasetDict({"train": Dataset.from_list(small["train"]), "validation": Dataset.from_list(small["dev"])}
                 ).save_to_disk(str(saved))
-    results["dataset_dict"] = run_finetune("--model", model, "--train", saved, "--validation", saved, *FAST,
-                                           json_out=tmp_path / "dd.json", cache=small["cache"])
+    paths["dataset_dict"] = (saved, saved)
     Dataset.from_list(small["train"]).save_to_disk(str(tmp_path / "train_ds"))
     Dataset.from_list(small["dev"]).save_to_disk(str(tmp_path / "dev_ds"))
-    results["dataset"] = run_finetune("--model", model, "--train", tmp_path / "train_ds", "--validation",
-                                      tmp_path / "dev_ds", *FAST, json_out=tmp_path / "ds.json", cache=small["cache"])
+    paths["dataset"] = (tmp_path / "train_ds", tmp_path / "dev_ds")
+
+    def read(form):
+        task = load_task(build_parser().parse_args(["--model", str(model), "--train", str(paths[form][0]),
+                                                    "--validation", str(paths[form][1])]))
+        return (task.train.texts, task.train.labels, task.dev.texts, task.dev.labels, task.label_names)
+    first_task = read("csv")
+    assert first_task[0] == [r["text"] for r in small["train"]] and len(first_task[2]) == 120
+    for form in paths:
+        assert read(form) == first_task, form
+    results = {form: run_finetune("--model", model, "--train", paths[form][0], "--validation", paths[form][1], *FAST,
+                                  json_out=tmp_path / f"{form}.json", cache=small["cache"]) for form in ("csv", "jsonl")}
     first = results["csv"]
     for key in ("task", "metric", "median", "min", "max", "per_seed", "model", "train_size", "dev_size", "seconds"):
         assert key in first
     assert (first["train_size"], first["dev_size"], first["metric"]) == (240, 120, "accuracy")
     assert first["model"] == str(model)
-    for form, result in results.items():  # the same rows, however stored: the same number
-        assert result["per_seed"][0]["value"] == first["per_seed"][0]["value"], form
-        assert result["per_seed"][0]["final_train_loss"] == first["per_seed"][0]["final_train_loss"], form
-    # the first form tokenized; every later one found the same task in the cache
+    assert results["jsonl"]["per_seed"][0]["value"] == first["per_seed"][0]["value"]
+    assert results["jsonl"]["per_seed"][0]["final_train_loss"] == first["per_seed"][0]["final_train_loss"]
+    # the first form tokenized; the second found the same task in the cache
     assert not results["csv"]["tokenized_from_cache"] and results["jsonl"]["tokenized_from_cache"]
     dev_labels = [r["label"] for r in small["dev"]]
     majority = max(set(r["label"] for r in small["train"]), key=[r["label"] for r in small["train"]].count)
