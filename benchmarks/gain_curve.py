@@ -48,7 +48,18 @@ def load_rows(paths: list[Path], seq_len: int, random_init_from: Path | None = N
     its own choice)."""
     results = {path: json.loads(path.read_text()) for path in paths}
     arms = {random_init_key(r): (path, r) for path, r in results.items() if r.get("random_init")}
-    fixed = (random_init_from, json.loads(random_init_from.read_text())) if random_init_from else None
+    fixed = None
+    if random_init_from:
+        if not random_init_from.is_file():
+            raise SystemExit(f"gain_curve.py: error: --random-init-from {random_init_from}: no such file")
+        fixed = (random_init_from, json.loads(random_init_from.read_text()))
+        if not fixed[1].get("random_init"):
+            raise SystemExit(f"gain_curve.py: error: --random-init-from {random_init_from}: a result without a "
+                             f"random-init arm; give one fine-tuned with --random-init")
+        for path, result in results.items():
+            if (result["task"], result.get("train_examples")) != (fixed[1]["task"], fixed[1].get("train_examples")):
+                raise SystemExit(f"gain_curve.py: error: {path} is another task or label count than "
+                                 f"--random-init-from {random_init_from}")
     rows = []
     for path, result in results.items():
         random_source, random_result = fixed or ((path, result) if result.get("random_init") else

@@ -44,6 +44,10 @@ if [ -n "${TASK:-}" ]; then
     # shellcheck disable=SC2086  # a list of inputs
     $PY -m commodity_bert.finetune --task "$TASK" --check-text $INPUTS
 fi
+JUDGE=$([ -n "${TASK:-}" ] || [[ " $FINETUNE_ARGS " == *" --train "* || " $FINETUNE_ARGS " == *" --glue "* ]] && echo yes || true)
+# the judge's flags checked now, not after the pretraining's hours (the model is not read)
+# shellcheck disable=SC2086  # a list of flags
+[ -z "$JUDGE" ] || $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} $FINETUNE_ARGS --check-only
 # shellcheck disable=SC2086
 [ -f "$OUT/vocab.txt" ] || $PY -m data_prep vocab --input $INPUTS --vocab-size "${VOCAB_SIZE:-8192}" --lowercase \
     --output "$OUT/vocab.txt"
@@ -76,9 +80,13 @@ STEPS=$($PY -c "import json, sys; print(json.load(open(sys.argv[1]))['scheduler'
     "$OUT/ds_config.json")
 EVERY=$(( STEPS / ${CHECKPOINTS:-5} > 0 ? STEPS / ${CHECKPOINTS:-5} : 1 ))
 echo "pretraining $MODEL on $OUT/shards: $STEPS steps sized to $TIME_BUDGET ($PRECISION, $RANKS ranks)"
-launch "$OUT/run" "$OUT/ds_config.json" "$STEPS" --time-budget "$TIME_BUDGET" --log-every 100 \
-    --eval-every "$EVERY" --save-every "$EVERY" --keep-checkpoints "${CHECKPOINTS:-5}"
-if [ -n "${TASK:-}" ] || [[ " $FINETUNE_ARGS " == *" --train "* || " $FINETUNE_ARGS " == *" --glue "* ]]; then
+# a finished run (its summary written) is not trained again; an interrupted one resumes. Only the
+# even checkpoints: timed ones would push them out of --keep-checkpoints (a preempted run loses at
+# most one spacing)
+[ -f "$OUT/run/summary.json" ] || launch "$OUT/run" "$OUT/ds_config.json" "$STEPS" --time-budget "$TIME_BUDGET" \
+    --log-every 100 --eval-every "$EVERY" --save-every "$EVERY" --save-every-minutes 0 \
+    --keep-checkpoints "${CHECKPOINTS:-5}"
+if [ -n "$JUDGE" ] && [ ! -f "$OUT/downstream.json" ]; then
     # shellcheck disable=SC2086  # a list of flags
     $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} --random-init --quiet \
         --json "$OUT/downstream.json" $FINETUNE_ARGS

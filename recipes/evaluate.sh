@@ -3,7 +3,7 @@
 # fine-tune on downstream tasks of the three families over several seeds (sentence
 # classification, extractive QA, named-entity tagging) → one table: the pretrained model beside
 # the same architecture from random initialisation and a baseline that needs no model (bag of
-# words, sliding window, majority tag), each fine-tuned arm at the lr chosen on a slice of its
+# words, sliding window, majority tag), each fine-tuned arm at the rate and length chosen by cross-validation on its
 # training data; the model card's model-index then carries each result.
 #   RUN (default runs/quickstart): the run to evaluate; RUN/hf_model is pretrained first if missing
 #   GLUE_DIR: a directory of GLUE task folders (SST-2, CoLA, MRPC, QQP, QNLI, RTE, MNLI); each one

@@ -45,7 +45,8 @@ $PY recipes/quickstart_report.py "$RUN" "$DATA_ROOT/seq64"
 # (docs/evaluation.md, "Is my BERT any good?"). Both arms at lr 1e-3: bert-finetune --lr auto chose it for random init
 # in every measured selection on this task and for the pretrained tiny in 3 of 5 (at 3e-5 and
 # 1e-4 tiny predicts the majority class in both arms; benchmarks/RESULTS.md), and choosing again
-# costs ~2 minutes more on 2 Zen 4 cores. DOWNSTREAM_LR=auto chooses; recipes/evaluate.sh
+# (DOWNSTREAM_LR=auto: each rate of DOWNSTREAM_LR_GRID at three lengths by 3-fold cross-validation,
+# 18 runs an arm) costs several times the fixed rate's fine-tuning. DOWNSTREAM_LR=auto chooses; recipes/evaluate.sh
 # always does; DOWNSTREAM=0 skips it
 if [ "${DOWNSTREAM:-1}" != 0 ]; then
     if [ "${DOWNSTREAM_LR:-1e-3}" = auto ]; then

@@ -159,9 +159,11 @@ def evaluate(pretrained: Pretrained, task, hp, seeds: list[int], device, cache_d
             "train_examples": task.source.get("train_examples"), "dev_size": len(dev),
             "seconds": round(time.perf_counter() - started, 1),
             **family.baselines(pretrained, task, train, dev, fit_rows, held_rows, hp, seeds, device),
-            "selection": {"held_out": len(held_rows), "folds": lr_folds,
+            # what was selected; a fixed rate selects nothing (folds 1, as results before the folds read)
+            "selection": {"held_out": len(held_rows), "folds": lr_folds if hp.lr is None else 1,
                           "grid": grid if hp.lr is None else None,
-                          "steps_grid": lengths if hp.lr is None else None, "early_stopping": early_stopping,
+                          "steps_grid": lengths if hp.lr is None else None,
+                          "early_stopping": early_stopping and hp.lr is None,
                           "seed": seeds[0], "from": "training split"},
             "random_init": rows.get("random_init"),
             "hyperparameters": trainer.hyperparameters_dict(hp), "device": str(device),

@@ -1,26 +1,28 @@
-"""Choosing the fine-tuning learning rate without looking at the dev set.
+"""Choosing the fine-tuning learning rate and length without looking at the dev set.
 
 One lr does not fit every model: 5e-5, chosen for converged BERT-base, leaves a 2-layer model
 that 20 CPU minutes pretrained where it started (a question-type task scored the majority
 class in every seed), and the best rate of Google's small BERTs differs by size (Turc et al.
-2019 pick from {3e-4, 1e-4, 5e-5, 3e-5}). So `--lr auto` tries a grid per arm (pretrained and
+2019 pick from {3e-4, 1e-4, 5e-5, 3e-5}). Nor does one length: a pretrained model fine-tuned
+to a training loss of 0.001 has lost what its frozen features knew, and early stopping is in
+every peer's protocol (Dodge et al. 2020). So `--lr auto` tries a grid per arm (pretrained and
 random init alike) and keeps the best:
 
-- the grid spans 30x, shifted to larger rates for small models (`default_grid`);
-- each rate fine-tunes once (the first seed) on the training split less a held-out slice, and
-  is scored on that slice (`held_out_slice`: stratified by label, the same rows for every arm
-  and seed, drawn with a fixed generator); ties go to the smaller rate;
-- the chosen rate then fine-tunes every seed on the whole training split, scored on dev as a
+- the grid spans 30x, shifted to larger rates for small models (`default_grid`), each rate at
+  each length (`default_lengths`: a quarter, a half and all of the schedule), each pair a whole
+  schedule;
+- each pair fine-tunes once (the first seed) per split and is scored on the split's held rows:
+  by default `folds` (K-fold cross-validation: every training row scored once, by a model that
+  did not see it; stratified by label, the same rows for every arm and seed, drawn with a fixed
+  generator), or one `held_out_slice`; ties go to the smaller rate, then the fewer steps;
+- the chosen pair then fine-tunes every seed on the whole training split, scored on dev as a
   fixed --lr is. The dev set is read only there.
 
 With 1,000 rows the slice is 100 rows, and one fine-tuning per rate scored on 100 rows ranked
 the rates against the dev set's order often enough to move a result by 5 points (polarity,
 random init: 0.71 held out at 1e-4 against 0.63 at 1e-3; on dev 66.8% against 72.4%;
-benchmarks/RESULTS.md#recipe-mini-polarity). `--lr-folds K` scores each rate by K-fold
-cross-validation instead (`folds`): every training row is scored once, by a model that did not
-see it, at K times the selection's fine-tunings.
-"""
-from __future__ import annotations
+benchmarks/RESULTS.md#recipe-mini-polarity): hence 3 folds by default.
+"""from __future__ import annotations
 
 import math
 from collections import defaultdict

@@ -82,9 +82,12 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] watch: {message}", flush=True)
 
 
-def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_dir, progress, writer) -> dict:
+def probe(run_dir: Path, candidate: Candidate, task, hp, seeds, device, cache_dir, progress, writer,
+          selection: dict | None = None) -> dict:
+    """`selection`: evaluate's lr_grid, lr_folds, steps_grid and early_stopping, as bert-finetune's flags set them."""
     pretrained = models.load(candidate.path, flag="--watch")
-    result = evaluate(pretrained, task, hp, seeds, device, cache_dir, random_init=False, progress=progress)
+    result = evaluate(pretrained, task, hp, seeds, device, cache_dir, random_init=False, progress=progress,
+                      **(selection or {}))
     known = pretrained.provenance
     row = {"step": candidate.step, "samples": known.get("samples"), "elapsed_s": known.get("elapsed_s"),
            "task": task.name, "family": task.family, "task_type": result["task_type"], "metric": task.metric,
@@ -110,7 +113,7 @@ def finished(run_dir: Path, available: list[Candidate]) -> bool:
 
 
 def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float = 30.0, once: bool = False,
-        stop_with_pid: int | None = None, progress: bool = True) -> None:
+        stop_with_pid: int | None = None, progress: bool = True, selection: dict | None = None) -> None:
     """While the training runs, probe the newest unprobed checkpoint (skipping older ones);
     once it has ended (or with --once), probe every unprobed one, oldest first, for the curve."""
     from torch.utils.tensorboard import SummaryWriter
@@ -138,7 +141,7 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
                 todo = todo[-1:]
             for candidate in todo:
                 try:
-                    row = probe(run_dir, candidate, task, hp, seeds, device, cache_dir, progress, writer)
+                    row = probe(run_dir, candidate, task, hp, seeds, device, cache_dir, progress, writer, selection)
                     done.add(candidate.step)
                     log(f"step {row['step']} ({candidate.kind}): {task.metric} median {100 * row['median']:.1f}% "
                         f"(min {100 * row['min']:.1f}%, max {100 * row['max']:.1f}%) in {row['seconds']:.0f} s")

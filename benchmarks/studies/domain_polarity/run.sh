@@ -23,11 +23,11 @@ if [ "$PART" = all ] || [ "$PART" = pretrain ]; then
     [ -f "$WORK/imdb/corpus.txt" ] || $PY -m data_prep corpus --sources imdb_reviews --output "$WORK/imdb"
     TEXT=$WORK/imdb/corpus.txt TASK=embedded:polarity STEPS=5000 TIME_BUDGET=100m CHECKPOINTS=5 OUT=$WORK \
         FINETUNE_ARGS="--train-examples 1000 --threads $THREADS" bash recipes/domain.sh
-    cp "$WORK/downstream.json" "$OUT/mini_5000_polarity_1000.json"
+    cp "$WORK/downstream.json" "$OUT/mini_final_polarity_1000.json"
 fi
 if [ "$PART" = all ] || [ "$PART" = curve ]; then
     read -r LR STEPS < <($PY -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['lr'], r['steps'])" \
-        "$OUT/mini_5000_polarity_1000.json")
+        "$OUT/mini_final_polarity_1000.json")
     for step in 1000 2000 3000 4000; do
         json=$OUT/mini_${step}_polarity_1000.json
         [ -f "$json" ] || $PY -m commodity_bert.finetune --model "$WORK/run/checkpoints/step_$(printf %08d $step)" \
@@ -36,6 +36,6 @@ if [ "$PART" = all ] || [ "$PART" = curve ]; then
     done
 fi
 if [ "$PART" = all ] || [ "$PART" = report ]; then
-    $PY benchmarks/gain_curve.py "$OUT"/mini_*_polarity_1000.json --random-init-from "$OUT/mini_5000_polarity_1000.json" \
+    $PY benchmarks/gain_curve.py "$OUT"/mini_*_polarity_1000.json --random-init-from "$OUT/mini_final_polarity_1000.json" \
         --table "$OUT/gain_curve.md" --plot "$OUT/gain_curve.png" --json "$OUT/gain_curve.json"
 fi
