@@ -22,7 +22,8 @@ With 1,000 rows the slice is 100 rows, and one fine-tuning per rate scored on 10
 the rates against the dev set's order often enough to move a result by 5 points (polarity,
 random init: 0.71 held out at 1e-4 against 0.63 at 1e-3; on dev 66.8% against 72.4%;
 benchmarks/RESULTS.md#recipe-mini-polarity): hence 3 folds by default.
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 import math
 from collections import defaultdict
