@@ -11,7 +11,7 @@
 #
 #   TEXT (required: bert-data-prep --input paths), TASK (an embedded bert-finetune task; its
 #   training texts are added unless TASK_TEXT=0, and the pretraining text is checked for its dev
-#   texts first: bert-finetune --check-text), TIME_BUDGET (default 90m: the pretraining's wall
+#   texts first: python -m commodity_bert.domain check-text), TIME_BUDGET (default 90m: the pretraining's wall
 #   time, checkpoints and evaluations included), OUT (default runs/domain), MODEL (default mini),
 #   VOCAB_SIZE (default 8192), SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW
 #   rate, default 1e-3, warmed up over the first 10% and decayed linearly to 0 at the sized
@@ -42,7 +42,7 @@ if [ -n "${TASK:-}" ]; then
         INPUTS="$INPUTS $OUT/task_train.txt"
     fi
     # shellcheck disable=SC2086  # a list of inputs
-    $PY -m commodity_bert.finetune --task "$TASK" --check-text $INPUTS
+    $PY -m commodity_bert.domain check-text --text $INPUTS --task "$TASK"
 fi
 JUDGE=$([ -n "${TASK:-}" ] || [[ " $FINETUNE_ARGS " == *" --train "* || " $FINETUNE_ARGS " == *" --glue "* ]] && echo yes || true)
 # the judge's flags checked now, not after the pretraining's hours (the model is not read)

@@ -33,7 +33,7 @@ def test_the_domain_path_builds_sizes_trains_and_judges(tmp_path, sotu_text):
     manifest = json.loads((out / "shards" / "manifest.json").read_text())
     inputs = json.dumps(manifest)
     assert "domain.txt" in inputs and "task_train.txt" in inputs  # the task's training texts joined the corpus
-    assert "--check-text: none of embedded:polarity's 964 dev texts in" in done.stdout  # and no dev text did
+    assert "check-text: none of embedded:polarity's 964 dev texts in" in done.stdout  # and no dev text did
     config = json.loads((out / "ds_config.json").read_text())["scheduler"]["params"]
     steps = config["total_num_steps"]
     assert config["warmup_num_steps"] == max(1, round(steps / 10)) and steps >= 5

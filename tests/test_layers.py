@@ -16,7 +16,7 @@ LAYERS = (
     ("commodity_bert.comm",),
     ("commodity_bert.train", "train"),  # train.py is the trainer's entry point
     ("commodity_bert.finetune", "commodity_bert.plan", "data_prep"),
-    ("commodity_bert.ablate", "commodity_bert.launch"),
+    ("commodity_bert.ablate", "commodity_bert.launch", "commodity_bert.domain"),
 )
 OURS = ("commodity_bert", "data_prep", "train")
 

@@ -78,10 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="write the task's training texts (with --train-examples, those rows), one document "
                            "each, to FILE (.txt) for bert-data-prep, and exit: the unlabelled text recipes/adapt.sh "
                            "continues pretraining on; never the dev split")
-    task.add_argument("--check-text", nargs="+", metavar="PATH",
-                      help="check that no dev text of the task appears whole in these pretraining inputs (files "
-                           "or directories as bert-data-prep reads them; after lowercasing and collapsing spaces; "
-                           "a dev text under 8 words only as a whole line), and exit: 0, or 2 naming the first")
     hp = p.add_argument_group("fine-tuning, the same for every task unless told")
     hp.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     hp.add_argument("--epochs", type=float, default=3.0)
@@ -150,10 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_arguments(args) -> None:
-    if args.write_train_text is not None or args.check_text is not None:
-        flag = "--write-train-text" if args.write_train_text is not None else "--check-text"
+    if args.write_train_text is not None:
         if args.model is not None or args.watch is not None:
-            raise UsageError(f"{flag} reads a task's text and exits; it takes no --model or --watch")
+            raise UsageError("--write-train-text writes a task's text and exits; it takes no --model or --watch")
     elif (args.model is None) == (args.watch is None):
         raise UsageError("give --model PATH (fine-tune it) or --watch RUN (probe a run's checkpoints), one of them")
     sources = [args.task is not None, args.glue is not None, args.train is not None or args.validation is not None]
@@ -240,25 +235,6 @@ def write_train_text(task, path: Path) -> None:
             fh.write("\n".join(line for line in lines if line) + "\n\n")
     temporary.replace(path)
     print(f"{path}: {len(documents):,} training texts of {task.name} (the dev split is not in it)")
-
-
-def check_text(task, paths: list[str]) -> None:
-    """--check-text: one line either way; a dev text found is an error (status 2)."""
-    from data_prep.errors import PrepError
-
-    from commodity_bert.finetune import overlap
-    if task.family != "classification":  # their dev units are contexts and word lists: not read here yet
-        print(f"{PROG}: warning: --check-text reads classification tasks' dev texts; {task.name} is "
-              f"{task.family}: not checked", file=sys.stderr)
-        return
-    try:
-        found = overlap.find_in_inputs(task, paths)
-    except PrepError as exc:
-        raise UsageError(f"--check-text: {exc}") from None
-    if found:
-        raise UsageError(f"--check-text: {len(found)} dev text(s) of {task.name} in the pretraining text, the first "
-                         f"in {found[0].where}: {found[0].dev_text[:80]!r}; remove those documents before pretraining")
-    print(f"--check-text: none of {task.name}'s {len(overlap.dev_texts(task)):,} dev texts in {' '.join(paths)}")
 
 
 def pick_device(requested: str):
@@ -350,9 +326,6 @@ def main(argv: list[str] | None = None) -> None:
             return
         if args.write_train_text is not None:
             write_train_text(task, args.write_train_text)
-            return
-        if args.check_text is not None:
-            check_text(task, args.check_text)
             return
     except (UsageError, TaskError) as exc:
         fail(str(exc))

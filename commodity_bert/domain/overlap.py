@@ -1,5 +1,5 @@
-"""Whether a task's dev texts appear whole in text meant for pretraining (`bert-finetune --task T
---check-text PATH...`): a model pretrained on its own dev set would be judged on rows it has
+"""Whether a task's dev texts appear whole in text meant for pretraining (`python -m
+commodity_bert.domain check-text --text PATH... --task T`): a model pretrained on its own dev set would be judged on rows it has
 read, and its gain over random init would not be a gain.
 
 Texts are compared after lowercasing and collapsing runs of white space. A dev text of at least
