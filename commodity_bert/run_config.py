@@ -216,3 +216,15 @@ class RunConfig:
                                                                                total_num_steps / old_total)))
         params["total_num_steps"] = total_num_steps
         return config
+
+    def sized(self, steps: int, lr: float, micro_batch: int, warmup_fraction: float) -> dict:
+        """The JSON at this rate and micro-batch, its scheduler a WarmupDecayLR warmed up over the
+        first `warmup_fraction` of `steps` and decayed linearly to 0 at the last (a schedule sized
+        to a time budget: commodity_bert.train.schedule)."""
+        config = copy.deepcopy(self.given)
+        config["train_micro_batch_size_per_gpu"] = micro_batch
+        config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = lr
+        config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": max(1, round(warmup_fraction * steps)),
+            "total_num_steps": steps, "warmup_type": "linear"}}
+        return config

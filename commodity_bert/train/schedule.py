@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from commodity_bert.host import atomic_write_text
+from commodity_bert.run_config import ConfigError, RunConfig
 
 # Time a run spends beside its steps: evaluations, checkpoints, the export, the start-up; a
 # 2-core CPU's measured share at five evaluations and checkpoints a run (docs/domain.md).
@@ -59,14 +60,9 @@ def steps_for(budget_s: float, step_s: float) -> int:
 
 
 def sized_config(base: dict, steps: int, lr: float, batch: int) -> dict:
-    """`base` (a DeepSpeed config with WarmupDecayLR) at this rate and micro-batch, its schedule
-    warmed up over the first WARMUP_FRACTION of `steps` and decayed linearly to 0 at the end."""
-    config = json.loads(json.dumps(base))
-    config["train_micro_batch_size_per_gpu"] = batch
-    config["optimizer"]["params"]["lr"] = lr
-    config["scheduler"] = {"type": "WarmupDecayLR", "params": {
-        "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": max(1, round(WARMUP_FRACTION * steps)),
-        "total_num_steps": steps, "warmup_type": "linear"}}
+    """`base` at this rate and micro-batch, its schedule warmed up over the first WARMUP_FRACTION
+    of `steps` and decayed linearly to 0 at the end."""
+    config = RunConfig.parse(base).sized(steps, lr, batch, WARMUP_FRACTION)
     config["_comment"] = (f"{base.get('_comment', '')} Sized: {steps} steps at lr {lr:g}, micro-batch {batch} "
                           f"(commodity_bert.train.schedule).").strip()
     return config
@@ -104,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             base = json.loads(args.base.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ScheduleError(f"{args.base}: not a readable DeepSpeed config ({exc})") from None
-        atomic_write_text(args.out, json.dumps(sized_config(base, args.steps, args.lr, args.batch), indent=1) + "\n")
+        try:
+            sized = sized_config(base, args.steps, args.lr, args.batch)
+        except ConfigError as exc:
+            raise ScheduleError(f"{args.base}: {exc}") from None
+        atomic_write_text(args.out, json.dumps(sized, indent=1) + "\n")
         return 0
     except ScheduleError as exc:
         print(f"schedule: error: {exc}", file=sys.stderr)
