@@ -565,13 +565,18 @@ def test_the_chosen_lr_follows_what_the_case_needs(small, run30):
     """Two cases, one grid: a clean marker task in 45 steps needs the larger rate (the smaller
     does not learn it in time); the same task with 30% of its labels inverted, trained for 300
     steps, needs the smaller (the larger memorises the noise: 58% against 93% on clean labels
-    when measured). Selection alone, through selection.select_lr: no dev split is involved."""
+    when measured). Selection alone, through selection.select_lr: no dev split is involved. Each
+    fold trains as many passes over its rows as the length makes over the whole split."""
     import torch
 
     from commodity_bert.finetune import models, selection, trainer
     torch.set_num_threads(1)  # as conftest.py sets every test's processes
     pretrained = models.load(run30)
-    chosen = {}
+    chosen, trained = {}, []
+
+    def recorded(pretrained, task, fit, held, seed, hp, *args, **kwargs):
+        trained.append((len(fit), hp.steps))
+        return trainer.finetune(pretrained, task, fit, held, seed, hp, *args, **kwargs)
     for case, noise, epochs in (("clean, short", 0.0, 3), ("noisy, long", 0.3, 20)):
         rows = marked(small["train"], noise=noise)
         task = tasks.finish("marker", "accuracy", tasks.Split([r["text"] for r in rows], [r["label"] for r in rows]),
@@ -580,8 +585,11 @@ def test_the_chosen_lr_follows_what_the_case_needs(small, run30):
         train, _, _ = trainer.encode(task, pretrained.tokenizer, 32, None)
         hp = trainer.Hyperparameters(epochs=epochs, batch_size=16, max_seq_len=32)
         chosen[case], trials = selection.select_lr(pretrained, task, train, hp, [1e-4, 1e-3], 1, "cpu", False,
-                                                   progress=False)
+                                                   progress=False, finetune=recorded)
         assert trials[1e-4] != trials[1e-3], (case, trials)
+        full = trainer.total_steps(len(train), hp)  # 45 and 300 steps of 16 over 240 rows
+        assert {fit_steps for _, fit_steps in trained} == {round(full * 190 / 240)} and trained[0][0] == 190
+        trained.clear()
     assert chosen == {"clean, short": 1e-3, "noisy, long": 1e-4}
 
 

@@ -11,7 +11,9 @@ random init alike) and keeps the best:
 - the grid spans 30x, shifted to larger rates for small models (`default_grid`), each rate at
   each length (`default_lengths`: a quarter, a half and all of the schedule), each pair a whole
   schedule;
-- each pair fine-tunes once (the first seed) per split and is scored on the split's held rows:
+- each pair fine-tunes once (the first seed) per split, for as many passes over the split's rows
+  to fit as the pair's steps make over the whole training split (`fold_steps`), and is scored on
+  the split's held rows:
   by default `folds` (K-fold cross-validation: every training row scored once, by a model that
   did not see it; stratified by label, the same rows for every arm and seed, drawn with a fixed
   generator), or one `held_out_slice`; ties go to the smaller rate, then the fewer steps;
@@ -21,7 +23,11 @@ random init alike) and keeps the best:
 With 1,000 rows the slice is 100 rows, and one fine-tuning per rate scored on 100 rows ranked
 the rates against the dev set's order often enough to move a result by 5 points (polarity,
 random init: 0.71 held out at 1e-4 against 0.63 at 1e-3; on dev 66.8% against 72.4%;
-benchmarks/RESULTS.md#recipe-mini-polarity): hence 3 folds by default.
+benchmarks/RESULTS.md#recipe-mini-polarity): hence 3 folds by default. And a length is passes,
+not steps: a fold fits on two thirds of the rows, so the same number of steps there is half as
+many passes again as on the whole split, and a length chosen so and re-run as steps on all the
+rows undertrains: random-init `mini` scored 65.9% on polarity's dev at the 100 steps its folds
+chose against 68.9% at the 150 that make the folds' passes (benchmarks/RESULTS.md#domain-polarity).
 """
 from __future__ import annotations
 
@@ -108,13 +114,20 @@ def default_lengths(full: int) -> list[int]:
     return sorted({max(1, round(full / 4)), max(1, round(full / 2)), full})
 
 
+def fold_steps(steps: int, fit_rows: int, train_rows: int) -> int:
+    """The steps that take a split's `fit_rows` through as many passes as `steps` take the whole
+    training split's `train_rows`."""
+    return max(1, round(steps * fit_rows / train_rows))
+
+
 def select(pretrained, task, train, hp, grid: list[float], lengths: list[int], seed: int, device,
            random_init: bool, progress: bool = True, name: str = "pretrained",
            splits: list[tuple[list[int], list[int]]] | None = None,
            finetune=None) -> tuple[float, int, dict[tuple[float, int], float]]:
-    """(the chosen rate, the chosen steps, each pair's score): for each rate and each length,
-    one fine-tuning with `seed` per split on its rows to fit, a whole schedule of that many
-    steps (warm-up and linear decay to 0 at its end), scored on the split's held rows, the
+    """(the chosen rate, the chosen steps, each pair's score): for each rate and each length
+    (steps on the whole training split), one fine-tuning with `seed` per split on its rows to
+    fit, a whole schedule (warm-up and linear decay to 0 at its end) of the same passes over
+    them (`fold_steps`), scored on the split's held rows, the
     scores averaged over the splits. The chosen pair then fine-tunes every seed as exactly that
     schedule, so what is reported is what was scored. `train` is the task's encoded training
     split; nothing of the dev split is passed in. `splits`: the held-out slice alone
@@ -129,7 +142,8 @@ def select(pretrained, task, train, hp, grid: list[float], lengths: list[int], s
     trials = {}
     for rate in grid:
         for steps in lengths:
-            scores = [finetune(pretrained, task, fit, held, seed, replace(hp, lr=rate, steps=steps), device,
+            scores = [finetune(pretrained, task, fit, held, seed,
+                               replace(hp, lr=rate, steps=fold_steps(steps, len(fit), len(train))), device,
                                random_init, progress,
                                label=f"{name} lr {rate:g}" + (f" {steps} steps" if len(lengths) > 1 else "") +
                                (f" fold {k + 1}" if len(parts) > 1 else ""))["value"]
