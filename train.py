@@ -45,6 +45,7 @@ from commodity_bert.model.bert import (
     build_model,
     executed_training_flops,
     fresh_head_line,
+    init_shape_line,
     load_pretrained,
     pretrained_config,
     set_dropout,
@@ -83,7 +84,8 @@ from commodity_bert.train.schedule import parse_duration
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="dataset directory made by bert-data-prep shards")
-    p.add_argument("--model", default="base", help="tiny | mini | base | large | a BertConfig JSON")
+    p.add_argument("--model", help="tiny | mini | base | large | a BertConfig JSON (default: --init-from's own "
+                   "shape, else base)")
     p.add_argument("--output-dir", required=True, help="RUN directory: metrics, checkpoints, hf_model")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps "
                    "(default, or 0: the scheduler's total_num_steps)")
@@ -296,7 +298,7 @@ def check_inputs(args, device: torch.device) -> CheckedInputs:
         if rank == 0 and (trouble := monitor_problem(config.given, Path(args.output_dir))):  # rank 0 logs
             raise LaunchError(trouble)
         data = ShardSet.open(args.data)
-        model_config = build_config(args.model, data.vocab_size)
+        model_config = build_config(args.model or DEFAULT_MODEL, data.vocab_size)
         check_data_against_model(data, model_config)
         recipe = pretraining_settings(config, data)
         batches, val_batches = data_batches(args, data, batch.micro, recipe)
@@ -373,6 +375,20 @@ def intact_weights_to_start_from(directory: Path) -> str:
     return tag
 
 
+DEFAULT_MODEL = "base"
+
+
+def checkpoints_model_config(checkpoints: Path):
+    """The BertConfig of the run whose checkpoint directory this is (its run_config.json's
+    model_config), or None where the directory is not a run's."""
+    try:
+        saved = json.loads((checkpoints.parent / RUN_CONFIG).read_text())["model_config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    from transformers import BertConfig
+    return BertConfig.from_dict(saved)
+
+
 def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
     """The HF BERT to train (from --init-from's weights where given), its config, and the
     checkpoint --init-from names instead, if it does. A resumed run takes its weights from its
@@ -380,7 +396,7 @@ def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
     not from --model."""
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DeepSpeed also broadcasts them)
     model_config, data = inputs.model_config, inputs.data
-    init_checkpoint, weights = None, None
+    init_checkpoint, weights, source_config = None, None, None
     source = Path(args.init_from) if args.init_from else None
     if source is not None and (not resuming or source.exists()):
         try:
@@ -388,9 +404,16 @@ def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
             if kind == "weights":
                 check_vocabulary_against_source(data, where)  # before loading: a refusal costs no load
                 weights = where
-            elif not resuming:
-                init_checkpoint = where, intact_weights_to_start_from(where)
-        except LaunchError as exc:
+                source_config = pretrained_config(weights)
+            else:  # a run's checkpoints: its run_config.json, where it has one, holds the shape
+                source_config = checkpoints_model_config(where)
+                if not resuming:
+                    init_checkpoint = where, intact_weights_to_start_from(where)
+            if source_config is not None:
+                if line := init_shape_line(args.model, model_config, source, source_config):
+                    say(line)
+                model_config = source_config
+        except (LaunchError, ModelConfigError) as exc:
             fail(str(exc))
     try:
         if weights is not None and not resuming:
@@ -398,9 +421,7 @@ def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
             model_config = hf_model.config  # the architecture is the source's
             if line := fresh_head_line(source, missing):
                 say(line)
-        elif weights is not None:  # resuming: the checkpoint holds the weights, the source the architecture
-            model_config = pretrained_config(weights)
-        if weights is not None:
+        if source_config is not None:  # resuming: the checkpoint holds the weights, the source the architecture
             check_data_against_model(data, model_config)
     except (ModelConfigError, LaunchError) as exc:
         fail(str(exc))

@@ -209,6 +209,36 @@ def test_init_from_a_checkpoint_directory_passes_over_a_damaged_newest_and_chang
     assert (source / "latest").read_text() == "step_00000030" and not list(source.glob("*.skipped"))
 
 
+def test_init_from_a_run_of_another_size_is_refused_and_without_model_its_shape_is_said(tmp_path, data, run30,
+                                                                                         capsys):
+    """`--model mini --init-from` a `tiny` run (its export, and its checkpoints) is refused in one
+    line naming both shapes, before anything loads; without --model the run's shape is trained,
+    and a line says so. In this process, on a group of one rank."""
+    import torch
+
+    import train as train_module
+
+    def args(*given):
+        return train_module.parse_args([str(a) for a in ("--deepspeed_config", CPU_CONFIG, "--data", data,
+                                                         "--output-dir", tmp_path / "run", *given)])
+
+    def model_of(parsed):
+        inputs = train_module.check_inputs(parsed, torch.device("cpu"))
+        return train_module.pretraining_model(parsed, inputs, resuming=False)
+    for source in (run30, run30 / "checkpoints"):
+        status, err = refused_in_process(lambda: model_of(args("--model", "mini", "--init-from", source)), capsys)
+        lines = [line for line in err.splitlines() if "train.py: error:" in line]
+        assert status == 2 and len(lines) == 1, err[-2000:]
+        assert (f"--model mini is hidden 256, 4 layers, 4 heads, feed-forward 1024 but --init-from {source} is "
+                f"hidden 128, 2 layers, 2 heads, feed-forward 512") in lines[0]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    with one_rank_group():
+        _, config, init_checkpoint = model_of(args("--init-from", run30 / "checkpoints"))
+    assert (config.hidden_size, config.num_hidden_layers) == (128, 2) and init_checkpoint is not None
+    assert (f"--init-from {run30 / 'checkpoints'}: training its shape (hidden 128, 2 layers, 2 heads, feed-forward "
+            f"512), as no --model was given") in capsys.readouterr().out
+
+
 def test_a_bin_only_bertmodel_without_its_head_is_continued_on_shards_of_its_own_vocabulary_and_casing(
         tmp_path, data, sotu_small, run30):
     """Domain adaptation from a Hugging Face BERT directory as sentence-transformers saves one: a

@@ -207,6 +207,27 @@ def pretrained_config(source: str | os.PathLike) -> BertConfig:
         raise ModelConfigError(f"--init-from {source}: no readable BERT config.json ({str(exc).splitlines()[0]})") from exc
 
 
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def shape_of(config: BertConfig) -> str:
+    return (f"hidden {config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "
+            f"feed-forward {config.intermediate_size}")
+
+
+def init_shape_line(asked: str | None, asked_config: BertConfig, source, source_config: BertConfig) -> str | None:
+    """--init-from and --model agree, or the launch refuses: the model asked for is the model
+    trained. With no --model the source's shape is trained, and the line says so; None where
+    --model names the source's own shape."""
+    if asked is None:
+        return f"--init-from {source}: training its shape ({shape_of(source_config)}), as no --model was given"
+    if all(getattr(asked_config, f) == getattr(source_config, f) for f in SHAPE_FIELDS):
+        return None
+    raise ModelConfigError(f"--model {asked} is {shape_of(asked_config)} but --init-from {source} is "
+                           f"{shape_of(source_config)}: leave out --model to go on in {source}'s shape, or start "
+                           f"from a model of {asked}'s shape")
+
+
 def fresh_head_line(source, missing: list[str]) -> str | None:
     """One line saying which pretraining head starts from random weights, or None."""
     heads = sorted({name.split(".")[1] for name in missing if name.startswith(HEAD_PREFIX)})
