@@ -212,14 +212,19 @@ def test_ranks_orphaned_by_launch_py_are_still_stopped_and_their_status_counts(t
     assert "exit status 3" in output
 
 
-def test_bad_arguments_get_one_line_and_status_2():
-    cases = [[], ["--num_gpus", "2"], ["--stop_grace", "soon", "train.py"], ["--num_gpus", "x", "train.py"]]
+def test_bad_arguments_get_one_line_and_status_2(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\nnode2 slots=1\n")
+    per_node = ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "0", "--master_addr", "node0.invalid"]
+    cases = [[], ["--num_gpus", "2"], ["--stop_grace", "soon", "train.py"], ["--num_gpus", "x", "train.py"],
+             [*per_node, "train.py"]]
     procs = [subprocess.Popen([BERT_LAUNCH, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for args in cases]
     for args, proc in zip(cases, procs):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and out == "", (args, out, err)
         assert err.startswith("bert-launch: error: ") and err.count("\n") == 1, err
+    assert "--master_addr node0.invalid does not resolve" in err
 
 
 def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
@@ -246,6 +251,23 @@ def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
 
 
 # ---- several hosts (network namespaces, tools/netns_cluster.py): pdsh and Open MPI
+
+
+def test_a_host_that_does_not_resolve_or_answer_ssh_is_named_before_the_runner(cluster, stub, tmp_path):
+    """A typo in the hostfile's second host (DeepSpeed's runner checks the first alone), and ssh
+    refused on every host (a wrong --ssh_port): one line naming the host and the fix, status 2,
+    no traceback, no rank started."""
+    typo = tmp_path / "hostfile"
+    typo.write_text(cluster.hostfile.read_text() + "node3x slots=1\n")
+    cases = {"host node3x does not resolve": ["--hostfile", str(typo)],
+             "cannot ssh into node1 (": ["--hostfile", str(cluster.hostfile), "--ssh_port", "1"]}
+    for phrase, flags in cases.items():
+        proc = cluster.popen(0, [BERT_LAUNCH, *flags, "--master_port", str(free_port()), str(stub), str(tmp_path)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and out == "", (phrase, out, err)
+        assert err.startswith("bert-launch: error: --hostfile ") and err.count("\n") == 1 and phrase in err, err
+        assert "Traceback" not in err and states(tmp_path) == {}
 
 
 @pytest.mark.parametrize("launcher", ["pdsh", "openmpi"])

@@ -56,10 +56,12 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -71,6 +73,7 @@ DEFAULT_STOP_GRACE_S = 300.0  # a step, a checkpoint and the export of BERT-larg
 KILL_AFTER_S = 60.0           # after the SIGTERM escalation, SIGKILL what is left
 PDSH_RETRY_S = 10.0           # ask again while some host had no rank to signal (still starting)
 POLL_S = 0.25
+SSH_CHECK_S = 10              # ssh's ConnectTimeout for the hosts' check before the launch
 PR_SET_CHILD_SUBREAPER = 36
 
 # deepspeed's options that take no value (DeepSpeed 0.19's runner.parse_args): every other
@@ -229,6 +232,49 @@ def remote_hosts(args) -> list[str]:
     except Exception:  # noqa: BLE001 - the runner reports a bad hostfile or filter itself
         return []
     return list(active) if args.force_multi or len(active) > 1 else []
+
+
+def ssh_problem(args, host: str) -> str | None:
+    """Why the launch cannot ssh into `host` (non-interactively, as pdsh and mpirun do, at the
+    launch's --ssh_port; the name as ssh resolves it, ~/.ssh/config included), or None."""
+    port = ["-p", str(args.ssh_port)] if args.ssh_port is not None else []
+    try:
+        proc = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CHECK_S}", *port, host, "true"],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SSH_CHECK_S + 5)
+    except subprocess.TimeoutExpired:
+        said = f"no answer in {SSH_CHECK_S + 5} s"
+    except FileNotFoundError:
+        return "no ssh client on this host; install openssh-client, or start each node itself with --no_ssh"
+    else:
+        if proc.returncode == 0:
+            return None
+        lines = [line.strip() for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+        said = lines[-1] if lines else f"exit status {proc.returncode}"
+    if "Could not resolve hostname" in said:
+        return (f"host {host} does not resolve ({said}); correct its name in the hostfile, or add it to /etc/hosts, "
+                f"DNS or ~/.ssh/config")
+    return (f"cannot ssh into {host} ({said}); the launch starts the ranks over ssh: `ssh {host} true` must work "
+            f"without a password from here, or start each node itself with --no_ssh")
+
+
+def check_hosts_reachable(args) -> None:
+    """Before the runner starts: every host the launch ssh-es into answers ssh (checked side by
+    side; the first in the hostfile's order that does not is named in one line), and a per-node
+    launch's --master_addr resolves. DeepSpeed's runner checks the first host alone, in two
+    tracebacks, and a later host fails inside pdsh after the others started."""
+    if args.no_ssh and args.master_addr:
+        try:
+            socket.getaddrinfo(args.master_addr, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise UsageError(f"--master_addr {args.master_addr} does not resolve ({getattr(exc, 'strerror', exc)}); "
+                             f"give node rank 0's address or a name in /etc/hosts or DNS") from None
+    hosts = [] if args.no_ssh_check else remote_hosts(args)
+    if not hosts:
+        return
+    with ThreadPoolExecutor(min(16, len(hosts))) as pool:
+        problems = list(pool.map(lambda host: ssh_problem(args, host), hosts))
+    if problem := next((p for p in problems if p), None):
+        raise UsageError(f"--hostfile {args.hostfile}: {problem}")
 
 
 def ere_escape(text: str) -> str:
@@ -520,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             grace_s, ds_argv = split_argv(argv)
             args = parse_deepspeed_args(ds_argv)
             check_hostfile(args)
+            check_hosts_reachable(args)
     except UsageError as error:
         print(f"bert-launch: error: {error}", file=sys.stderr)
         return 2
