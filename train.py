@@ -81,6 +81,9 @@ from commodity_bert.train.plateau import AFTER_SAMPLES, PlateauCheck, unigram_ac
 from commodity_bert.train.schedule import parse_duration
 
 
+DEFAULT_MODEL = "base"  # --model's, where --init-from does not give the shape
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="dataset directory made by bert-data-prep shards")
@@ -375,9 +378,6 @@ def intact_weights_to_start_from(directory: Path) -> str:
     return tag
 
 
-DEFAULT_MODEL = "base"
-
-
 def checkpoints_model_config(checkpoints: Path):
     """The BertConfig of the run whose checkpoint directory this is (its run_config.json's
     model_config), or None where the directory is not a run's."""
@@ -421,7 +421,7 @@ def pretraining_model(args, inputs: CheckedInputs, resuming: bool):
             model_config = hf_model.config  # the architecture is the source's
             if line := fresh_head_line(source, missing):
                 say(line)
-        if source_config is not None:  # resuming: the checkpoint holds the weights, the source the architecture
+        if source_config is not None:  # the architecture is the source's, resumed or not
             check_data_against_model(data, model_config)
     except (ModelConfigError, LaunchError) as exc:
         fail(str(exc))

@@ -220,11 +220,13 @@ def test_bad_arguments_get_one_line_and_status_2(tmp_path):
              [*per_node, "train.py"]]
     procs = [subprocess.Popen([BERT_LAUNCH, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for args in cases]
+    errors = []
     for args, proc in zip(cases, procs):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 2 and out == "", (args, out, err)
         assert err.startswith("bert-launch: error: ") and err.count("\n") == 1, err
-    assert "--master_addr node0.invalid does not resolve" in err
+        errors.append(err)
+    assert "--master_addr node0.invalid does not resolve" in errors[-1]
 
 
 def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
