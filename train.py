@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards-in-memory", type=int, default=SHARDS_IN_MEMORY,
                    help="training shards a rank holds in memory at a time (its RAM for data is about this "
                         "times the shard size, whatever the data set's size); 0: all of its shards")
-    p.add_argument("--dist-timeout-minutes", type=float, default=10.0,
-                   help="collective timeout: how long ranks wait for a dead peer before failing")
+    p.add_argument("--dist-timeout-minutes", type=float, default=failures.DIST_TIMEOUT_MINUTES,
+                   help="collective timeout: how long ranks wait on a peer that is gone or silent (a link down) "
+                        "before each stops in one line naming it")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see docs/training.md")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
@@ -187,6 +188,7 @@ def release_process_group():
     """Destroy the process group while the interpreter is whole: left to its finalization, gloo's
     worker threads can end the rank with SIGABRT ("terminate called without an active exception";
     pytorch/pytorch#190489), a finished run's status 0 or a refusal's 2 reading as a crash."""
+    failures.stop_heartbeat()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -247,8 +249,12 @@ def join_the_ranks(args) -> torch.device:
     if not on_cuda and os.environ.get("LOCAL_RANK", "0") == "0":
         for stale in clear_stale_build_locks():  # else init_distributed would wait on it for ever
             print(f"removed {stale}: an interrupted compile of DeepSpeed's CPU op left it", flush=True)
-    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo",
-                               timeout=timedelta(minutes=args.dist_timeout_minutes))
+    timeout = timedelta(minutes=args.dist_timeout_minutes)
+    failures.groups_time_out_after(timeout)
+    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo", timeout=timeout)
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    failures.start_heartbeat(hosts)
     if not on_cuda:
         dist.barrier()
         release_deepspeed_shm_buffer(dist.get_rank())
@@ -695,9 +701,11 @@ def main(argv: list[str] | None = None) -> None:
         held.release()
 
 
-if __name__ == "__main__":
+def run_as_a_rank(argv: list[str] | None = None) -> None:
+    """main() as a launched rank runs it: a failure ends the rank in one line (its own, or naming
+    the peer that failed or went silent), with status 1 and no traceback on the terminal."""
     try:
-        main()
+        main(argv)
         # Done: a stop signal now changes nothing. Left to the handler, one arriving while the
         # interpreter exits (which restores the default action, a kill) would end a rank that has
         # saved and exported with a signal's status; such signals come late because bert-launch
@@ -728,3 +736,7 @@ if __name__ == "__main__":
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
         os._exit(1)
+
+
+if __name__ == "__main__":
+    run_as_a_rank()

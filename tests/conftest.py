@@ -310,8 +310,9 @@ class ForkedRanks:
 
     def __init__(self, ranks: int, *args, timeout: float = 600, nodes: list | None = None,
                  master_addr: str = "127.0.0.1", node_args: list[list] | None = None,
-                 ranks_per_node: list[int] | None = None):
-        """`nodes`: one entry a node, None or a callable that moves a forked rank onto that node
+                 ranks_per_node: list[int] | None = None, as_launched: bool = False):
+        """`as_launched`: train.py's entry as a launched rank runs it (run_as_a_rank: a failure in
+        one line, no traceback), not main() alone. `nodes`: one entry a node, None or a callable that moves a forked rank onto that node
         (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them,
         or `ranks_per_node` a node (a hostfile's unequal slots). `node_args`: each node's arguments
         after `args` (a directory of its own)."""
@@ -324,7 +325,8 @@ class ForkedRanks:
         self.ranks_per_node = ranks_per_node or [ranks // len(nodes)] * len(nodes)
         assert sum(self.ranks_per_node) == ranks and len(self.ranks_per_node) == len(nodes)
         self.node_args = [[str(a) for a in extra] for extra in node_args or [[]] * len(nodes)]
-        self.pids = [self._fork(train_py.main, rank, ranks, port, nodes, master_addr)
+        entry = train_py.run_as_a_rank if as_launched else train_py.main
+        self.pids = [self._fork(entry, rank, ranks, port, nodes, master_addr)
                      for rank in range(ranks)]
 
     def _fork(self, main, rank: int, world: int, port: int, nodes: list, master_addr: str) -> int:

@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, free_port, launch_cmd
 
 sys.path.insert(0, str(REPO))
-from commodity_bert.launch.launcher import parse_deepspeed_args, rank_pattern, remote_hosts
+from commodity_bert.launch.launcher import parse_deepspeed_args, rank_pattern, remote_hosts, ssh_keepalive_env
 
 BERT_LAUNCH = str(Path(sys.executable).parent / "bert-launch")
 COMMON = ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb.json", "--model", "tiny", "--log-every", 5,
@@ -250,6 +250,28 @@ def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
         assert not matches(line), line
     no_ssh = parse_deepspeed_args(["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "0", "train.py"])
     assert remote_hosts(no_ssh) == []  # per node: its own ranks, found locally
+
+
+def test_pdsh_sessions_give_up_on_a_dead_link_just_after_the_ranks_do(tmp_path, monkeypatch):
+    """ssh waits on a silent link for ever: the launch, and the job's allocation, would outlive
+    ranks that stopped at their collective timeout. Its keepalive outlasts that timeout by one
+    interval, so a flap the ranks ride out does not cut their sessions; the user's own wins."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
+
+    def alive(*train_args) -> tuple[int, int]:
+        env = ssh_keepalive_env(parse_deepspeed_args(["--hostfile", str(hostfile), "train.py", *train_args]))
+        interval, count = (int(env["PDSH_SSH_ARGS_APPEND"].split(f"ServerAlive{key}=")[1].split()[0])
+                           for key in ("Interval", "CountMax"))
+        return interval, interval * count
+    for train_args, minutes in (((), 10), (("--dist-timeout-minutes", "1"), 1), (("--dist-timeout-minutes=0.5",), 0.5)):
+        interval, gives_up_after = alive("--data", "d", *train_args)
+        assert minutes * 60 < gives_up_after <= minutes * 60 + 2 * interval, (train_args, gives_up_after)
+    monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", "-p 2222")
+    assert ssh_keepalive_env(parse_deepspeed_args(["--hostfile", str(hostfile), "train.py"]))["PDSH_SSH_ARGS_APPEND"] \
+        .startswith("-p 2222 -o ServerAliveInterval=")
+    monkeypatch.setenv("PDSH_SSH_ARGS_APPEND", "-o ServerAliveInterval=5")
+    assert ssh_keepalive_env(parse_deepspeed_args(["--hostfile", str(hostfile), "train.py"])) == {}
 
 
 # ---- several hosts (network namespaces, tools/netns_cluster.py): pdsh and Open MPI

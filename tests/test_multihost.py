@@ -162,11 +162,58 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
 
 
-def forked_on_hosts(cluster, ranks: int, *args, ranks_per_node: list[int] | None = None) -> ForkedRanks:
+def test_a_link_that_flaps_trains_on_and_one_that_stays_down_ends_both_ranks_naming_the_other(cluster, data, tmp_path):
+    """node2's cable out of the switch: its connections stall, neither end told. Out for 10 s,
+    under the 30-s collective timeout, the run trains on; out for good, each rank stops within the
+    timeout (and the few seconds that tell who went silent) in one line naming the other's host,
+    and the last checkpoint stays whole. DeepSpeed's own groups (its gradient allreduce) included:
+    made without a timeout, they waited torch's 30 minutes."""
+    run = tmp_path / "run"
+    ranks = forked_on_hosts(cluster, 2, *train_args(data, run, 100_000, "--save-every", 10,
+                                                    "--dist-timeout-minutes", 0.5)[1:], as_launched=True)
+    ranks.timeout = 300
+
+    def step() -> int:
+        rows = (run / "metrics.jsonl").read_text().split("\n")[:-1] if (run / "metrics.jsonl").exists() else []
+        return json.loads(rows[-1])["step"] if rows else 0
+
+    def until(condition, what: str) -> None:
+        while not condition():
+            done = ranks.poll()
+            assert done is None, f"ended before {what}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            time.sleep(0.2)
+    try:
+        until(lambda: step() >= 10, "the flap")
+        cluster.set_link_up(1, False)
+        time.sleep(10)
+        cluster.set_link_up(1, True)
+        flapped_at = step()
+        until(lambda: step() >= flapped_at + 10, "training on after the flap")
+        cluster.set_link_up(1, False)
+        cut = time.monotonic()
+        while (done := ranks.poll()) is None:
+            time.sleep(0.2)
+        ended_after = time.monotonic() - cut
+    finally:
+        cluster.set_link_up(1, True)
+    print(f"the flap at step {flapped_at}; both ranks ended {ended_after:.0f} s after the link went down")
+    assert done.returncode != 0
+    assert ended_after < 30 + 20, f"{ended_after:.0f} s after the link went down"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(lines) == 2, done.stderr[-3000:]
+    assert any(line.startswith("train.py: error: rank 0 on node1: no word from rank 1 on node2") for line in lines)
+    assert any(line.startswith("train.py: error: rank 1 on node2: no word from node1 (rank 0's host") for line in lines)
+    assert "Traceback" not in done.stderr
+    latest = (run / "checkpoints" / "latest").read_text()
+    assert int(latest.removeprefix("step_")) >= flapped_at and (run / "checkpoints" / latest).is_dir()
+
+
+def forked_on_hosts(cluster, ranks: int, *args, ranks_per_node: list[int] | None = None,
+                    as_launched: bool = False) -> ForkedRanks:
     """train.py on `ranks` ranks forked from this process, split evenly over the cluster's hosts
     (Cluster.enter) or as `ranks_per_node` says, rank 0's host the master."""
     return ForkedRanks(ranks, *args, nodes=[partial(cluster.enter, h) for h in range(len(cluster.hosts))],
-                       master_addr=cluster.addresses[0], ranks_per_node=ranks_per_node)
+                       master_addr=cluster.addresses[0], ranks_per_node=ranks_per_node, as_launched=as_launched)
 
 
 # Ethernet (14) + IPv4 (20) + TCP with timestamps (32): the headers of every packet node1 sends,

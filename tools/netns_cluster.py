@@ -174,6 +174,13 @@ class Cluster:
                 _run(*prefix, "tc", "qdisc", "add", "dev", "eth0", *parent, "handle", "10:", "tbf", "rate", rate,
                      "burst", "256kb", "latency", "50ms", capture=True)
 
+    def set_link_up(self, host: int, up: bool) -> None:
+        """Take host `host`'s cable out of the switch (up=False) or put it back: its connections
+        stall, neither end told, as when a link or a switch port goes down."""
+        if self.relay:
+            raise RuntimeError("this cluster's links are tools/delay_relay.py's: bring it up without delay= to cut one")
+        _run("ip", "-n", self.namespaces[-1], "link", "set", f"p{host + 1}", "up" if up else "down", capture=True)
+
     def add_decoy_interface(self, name: str = "docker0", address: str = "172.17.0.1/16",
                             remove: bool = False) -> None:
         """Give every host a second interface that reaches no other host, with the same address

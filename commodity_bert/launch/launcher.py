@@ -60,6 +60,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,6 +68,7 @@ from pathlib import Path
 import psutil
 
 from commodity_bert.host import speaker
+from commodity_bert.train.failures import DIST_TIMEOUT_MINUTES
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 DEFAULT_STOP_GRACE_S = 300.0  # a step, a checkpoint and the export of BERT-large, with room to spare
@@ -257,6 +259,28 @@ def ssh_problem(args, host: str) -> str | None:
             f"without a password from here, or start each node itself with --no_ssh")
 
 
+SSH_ALIVE_S = 15  # ssh's ServerAliveInterval on the pdsh launch's sessions
+
+
+def ssh_keepalive_env(args) -> dict[str, str]:
+    """ssh options for pdsh's sessions to the hosts: without them, ssh waits on a dead link for
+    ever (no TCP keepalive on an idle session), so the launch, and the job's allocation, outlive
+    ranks that ended when their collective timed out. ssh gives up one interval after the ranks'
+    --dist-timeout-minutes, so a flap the ranks ride out does not end the session under them.
+    Options the user set in PDSH_SSH_ARGS_APPEND or ~/.ssh/config's are not overridden."""
+    extra = os.environ.get("PDSH_SSH_ARGS_APPEND", "")
+    if "ServerAlive" in extra:
+        return {}
+    minutes = DIST_TIMEOUT_MINUTES
+    for i, arg in enumerate(args.user_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--dist-timeout-minutes=") else \
+            args.user_args[i + 1] if arg == "--dist-timeout-minutes" and i + 1 < len(args.user_args) else None
+        with contextlib.suppress(TypeError, ValueError):
+            minutes = float(value)
+    count = math.ceil(minutes * 60 / SSH_ALIVE_S) + 1
+    return {"PDSH_SSH_ARGS_APPEND": f"{extra} -o ServerAliveInterval={SSH_ALIVE_S} -o ServerAliveCountMax={count}".strip()}
+
+
 def check_hosts_reachable(args) -> None:
     """Before the runner starts: every host the launch ssh-es into answers ssh (checked side by
     side; the first in the hostfile's order that does not is named in one line), and a per-node
@@ -376,7 +400,9 @@ class Job:
         self.script = args.user_script
         self.local_rank_flag = not torchrun and not args.no_local_rank  # torchrun tells the rank by its environment
         become_subreaper()
-        self.runner = self._spawn([sys.executable, "-u", "-c", TORCHRUN if torchrun else RUNNER, *ds_argv])
+        runner_env = dict(os.environ, **(ssh_keepalive_env(args) if self.route == "pdsh" else {}))
+        self.runner = self._spawn([sys.executable, "-u", "-c", TORCHRUN if torchrun else RUNNER, *ds_argv],
+                                  env=runner_env)
         self.me = psutil.Process()
 
     def _spawn(self, cmd: list[str], **kwargs) -> subprocess.Popen:

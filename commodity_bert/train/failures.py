@@ -11,6 +11,9 @@ import contextlib
 import os
 import re
 
+# --dist-timeout-minutes' default: how long a collective waits on a silent peer (docs/checkpoints.md)
+DIST_TIMEOUT_MINUTES = 10.0
+
 # what torch's backends say when the other end of a collective went away
 LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                        r"remote process exited|Socket Timeout|Timed out|timed out|"
@@ -18,7 +21,8 @@ LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
 
 
 def lost_peer_line(exc: BaseException, rank: str, host: str) -> str | None:
-    """One line for a collective that failed for want of a peer; None for any other error."""
+    """One line for a collective that failed for want of a peer; None for any other error. For
+    one that timed out, the heartbeats (start_heartbeat) name who stopped answering, if any did."""
     try:
         import torch.distributed as dist
         distributed = isinstance(exc, getattr(dist, "DistError", ()))
@@ -29,7 +33,13 @@ def lost_peer_line(exc: BaseException, rank: str, host: str) -> str | None:
         return None
     # "[/__w/pytorch/.../pair.cc:553] Connection closed by peer [10.0.0.2]:54411. This is typically..."
     what = re.sub(r"^\[[^\]]*\]\s*", "", message.strip().splitlines()[0]).split(". ")[0].rstrip(".")
-    if re.search(r"timed out|timeout", what, re.IGNORECASE):  # alive but silent: behind, hung or stopped
+    timed_out = re.search(r"timed out|timeout", what, re.IGNORECASE)
+    silent = silent_peers(int(rank)) if timed_out and rank.isdigit() else None
+    if silent:
+        return (f"train.py: error: rank {rank} on {host}: {silent}, and the collective waiting on it timed out "
+                f"({what}); once the link or host is back, relaunch the same command, or requeue the job, to go "
+                f"on from the last checkpoint (--resume auto)")
+    if timed_out:  # every rank still beats: one behind, or hung in its main thread
         return (f"train.py: error: rank {rank} on {host} waited for a peer longer than the collective timeout "
                 f"({what}): another rank fell behind, hung or stopped; find it in its own log (raise "
                 f"--dist-timeout-minutes if it is only slow), then relaunch the same command, or requeue the "
@@ -55,6 +65,7 @@ NAMED_KEY = "commodity_bert/error_named"
 STORE_WAIT_S = 5.0     # for a store call: a dead store must not hold a rank that is ending
 LINGER_S = 20.0        # rank 0 serves the store: it stays this long for the others to read it
 _errors_dir: list = [None]
+_store_gone = False  # it did not answer (silent_peers): the calls after it would wait in vain
 
 
 def keep_tracebacks_in(directory) -> None:
@@ -78,7 +89,7 @@ def _within(seconds: float, call):
 
 def _store():
     import torch.distributed as dist
-    if not dist.is_available() or not dist.is_initialized():
+    if _store_gone or not dist.is_available() or not dist.is_initialized():
         return None
     with contextlib.suppress(Exception):
         return dist.distributed_c10d._get_default_store()
@@ -171,3 +182,86 @@ def peer_error_line(rank: int, host: str, world: int) -> str | None:
         return ""
     quoted = line.removeprefix("train.py: error: ")
     return (f"train.py: error: rank {rank} on {host} stopped because rank {other} did (its line: {quoted})")
+
+
+# ------------------------------------------------------- a peer that stopped answering: which
+#
+# A collective whose peer stalls (a link down, a host frozen) times out after --dist-timeout-minutes
+# with gloo's "Timed out waiting 60000ms for recv operation", which names no one. Every rank beats
+# a counter in the same store, from a thread of its own (a rank busy in a collective still beats);
+# a rank whose collective timed out reads the counters twice a few beats apart: the ranks whose
+# counter stood still are the ones out of reach, and a store that does not answer is out of reach
+# with its host (rank 0's, MASTER_ADDR). Counters, not clock times: the hosts' clocks may differ.
+
+def groups_time_out_after(timeout) -> None:
+    """Every process group made from now on times out after `timeout`, as the world group does.
+    torch gives a group made without a timeout its backend's default (gloo 30 minutes, NCCL 10),
+    not init_process_group's, and DeepSpeed makes its own without one: its copy of the world group
+    carries the gradient allreduce, so a peer stalled behind a dead link held every rank for half
+    an hour whatever --dist-timeout-minutes said. torch reads the default when a group is made."""
+    from torch.distributed import distributed_c10d
+    distributed_c10d.default_pg_timeout = timeout
+    distributed_c10d.default_pg_nccl_timeout = timeout
+
+
+BEAT_KEY = "commodity_bert/beat/{rank}"
+BEAT_S = 2.0
+_hosts: list = []  # every rank's host name, by rank
+_beating: list = []  # the running heartbeat's stop event
+
+
+def start_heartbeat(hosts: list[str]) -> None:
+    """This rank's counter in the store, advanced every BEAT_S from a daemon thread; `hosts`:
+    every rank's host name, gathered at the start, for the line that names the silent ones."""
+    import threading
+    import torch.distributed as dist
+    stop_heartbeat()
+    store = _store()
+    if store is None or len(hosts) < 2:
+        return
+    _hosts[:] = hosts
+    key, stopped = BEAT_KEY.format(rank=dist.get_rank()), threading.Event()
+    _beating.append(stopped)
+
+    def beat():
+        while not stopped.is_set():
+            with contextlib.suppress(Exception):
+                store.add(key, 1)
+            stopped.wait(BEAT_S)
+    threading.Thread(target=beat, name="commodity_bert-heartbeat", daemon=True).start()
+
+
+def stop_heartbeat() -> None:
+    """Before the process group goes (a finished run; main() run again in one process)."""
+    while _beating:
+        _beating.pop().set()
+    _hosts.clear()
+
+
+def silent_peers(rank: int) -> str | None:
+    """Who stopped answering, said as part of a line: the ranks whose beat stood still over
+    3 beats, by host, or rank 0's host when the store it serves does not answer; None when every
+    rank still beats (a peer behind or hung in its main thread) or there was no heartbeat."""
+    import time
+    store, world = _store(), len(_hosts)
+    if store is None or world < 2:
+        return None
+    beats = lambda: [store.add(BEAT_KEY.format(rank=r), 0) for r in range(world)]  # noqa: E731
+    global _store_gone
+    before = _within(STORE_WAIT_S, beats)
+    if before is None:
+        _store_gone = True
+        address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        return (f"no word from {_hosts[0]} (rank 0's host; the run's store at {address} does not answer): a link "
+                f"to it, or the host, is down")
+    time.sleep(3 * BEAT_S)
+    after = _within(STORE_WAIT_S, beats)
+    still = [] if after is None else [r for r in range(world) if r != rank and after[r] == before[r]]
+    if not still:
+        return None
+    by_host: dict[str, list[int]] = {}
+    for other in still:
+        by_host.setdefault(_hosts[other], []).append(other)
+    named = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} on {host}"
+                      for host, ranks in by_host.items())
+    return f"no word from {named}: a link to {'it' if len(by_host) == 1 else 'them'}, or the host, is down"

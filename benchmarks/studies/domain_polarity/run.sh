@@ -9,6 +9,7 @@
 #
 #   bash benchmarks/studies/domain_polarity/run.sh [WORK] [PART]   # default runs/domain_polarity; all parts
 #   PART: pretrain (and the full run's judge), curve, report
+#   TASK_TEXT=0: the reviews alone, without polarity's training sentences (results named *_reviews_only*)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 WORK=${1:-runs/domain_polarity}
@@ -16,26 +17,30 @@ PART=${2:-all}
 PY=${PYTHON:-.venv/bin/python}
 OUT=benchmarks/results/domain_polarity
 THREADS=${THREADS:-2}
+TASK_TEXT=${TASK_TEXT:-1}
+SUFFIX=$([ "$TASK_TEXT" != 0 ] || echo _reviews_only)
+NAME=mini$SUFFIX
 mkdir -p "$WORK" "$OUT"
 if [ "$PART" = all ] || [ "$PART" = pretrain ]; then
     # domain.sh: vocabulary, shards, the run, then its judge (bert-finetune's default: 5 seeds, both arms by
     # 3-fold cross-validation of rate and length) to $WORK/downstream.json
     [ -f "$WORK/imdb/corpus.txt" ] || $PY -m data_prep corpus --sources imdb_reviews --output "$WORK/imdb"
-    TEXT=$WORK/imdb/corpus.txt TASK=embedded:polarity STEPS=5000 TIME_BUDGET=100m CHECKPOINTS=5 OUT=$WORK \
+    TEXT=$WORK/imdb/corpus.txt TASK=embedded:polarity TASK_TEXT=$TASK_TEXT STEPS=5000 TIME_BUDGET=100m CHECKPOINTS=5 OUT=$WORK \
         FINETUNE_ARGS="--train-examples 1000 --threads $THREADS" bash recipes/domain.sh
-    cp "$WORK/downstream.json" "$OUT/mini_final_polarity_1000.json"
+    cp "$WORK/downstream.json" "$OUT/${NAME}_final_polarity_1000.json"
 fi
 if [ "$PART" = all ] || [ "$PART" = curve ]; then
     read -r LR STEPS < <($PY -c "import json, sys; r = json.load(open(sys.argv[1])); print(r['lr'], r['steps'])" \
-        "$OUT/mini_final_polarity_1000.json")
+        "$OUT/${NAME}_final_polarity_1000.json")
     for step in 1000 2000 3000 4000; do
-        json=$OUT/mini_${step}_polarity_1000.json
+        json=$OUT/${NAME}_${step}_polarity_1000.json
         [ -f "$json" ] || $PY -m commodity_bert.finetune --model "$WORK/run/checkpoints/step_$(printf %08d $step)" \
             --task embedded:polarity --train-examples 1000 --lr "$LR" --min-steps "$STEPS" --epochs 0.01 \
             --threads "$THREADS" --quiet --json "$json"
     done
 fi
 if [ "$PART" = all ] || [ "$PART" = report ]; then
-    $PY benchmarks/gain_curve.py "$OUT"/mini_*_polarity_1000.json --random-init-from "$OUT/mini_final_polarity_1000.json" \
-        --table "$OUT/gain_curve.md" --plot "$OUT/gain_curve.png" --json "$OUT/gain_curve.json"
+    $PY benchmarks/gain_curve.py "$OUT"/"$NAME"_[0-9f]*_polarity_1000.json --random-init-from "$OUT/${NAME}_final_polarity_1000.json" \
+        --table "$OUT/gain_curve$SUFFIX.md" --plot "$OUT/gain_curve$SUFFIX.png" \
+        --json "$OUT/gain_curve$SUFFIX.json"
 fi
