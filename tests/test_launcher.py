@@ -229,6 +229,20 @@ def test_bad_arguments_get_one_line_and_status_2(tmp_path):
     assert "--master_addr node0.invalid does not resolve" in errors[-1]
 
 
+def test_an_error_of_deepspeeds_runner_is_one_line_not_its_traceback(tmp_path):
+    """The runner's own exceptions (a host --include names that the hostfile lacks) end it in one
+    line and status 70, with no second line for that status."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n")
+    proc = subprocess.run([BERT_LAUNCH, "--hostfile", str(hostfile), "--include", "node9", "--no_python", "true"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("bert-launch:")]
+    assert proc.returncode == 70, proc.stderr[-2000:]
+    assert said == ["bert-launch: error: DeepSpeed's runner stopped: ValueError: Hostname 'node9' not found in "
+                    "hostfile"], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_pdsh_stop_command_matches_only_this_jobs_ranks(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=2\nnode2 slots=2\nnode3 slots=2\n")

@@ -85,8 +85,17 @@ DEEPSPEED_FLAGS = {"--module", "--no_python", "--no_local_rank", "--no_ssh", "--
 
 # The runner's process: SIGUSR1 ignored from its first line (inherited by launch.py, mpirun, pdsh
 # and the ranks), then DeepSpeed's runner as `python -m deepspeed.launcher.runner` would run it.
-RUNNER = ("import runpy, signal; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
-          "runpy.run_module('deepspeed.launcher.runner', run_name='__main__', alter_sys=True)")
+# any exception of the runner's own (a host --include names that the hostfile lacks, an --exclude
+# that leaves no host, its ssh check) ends it in one line with RUNNER_FAILED, not a traceback
+RUNNER_FAILED = 70  # EX_SOFTWARE: the runner said why in its line; no second line for its status
+RUNNER = ("import runpy, signal, sys\n"
+          "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+          "try:\n"
+          "    runpy.run_module('deepspeed.launcher.runner', run_name='__main__', alter_sys=True)\n"
+          "except Exception as exc:\n"
+          "    said = (str(exc).strip().splitlines() or [''])[0]\n"
+          "    print(f\"bert-launch: error: DeepSpeed's runner stopped: {type(exc).__name__}: {said}\", file=sys.stderr)\n"
+          f"    sys.exit({RUNNER_FAILED})\n")
 
 
 # torchrun's agent alike (`bert-launch --torchrun`), as the `torchrun` command runs it
@@ -260,6 +269,7 @@ def ssh_problem(args, host: str) -> str | None:
 
 
 SSH_ALIVE_S = 15  # ssh's ServerAliveInterval on the pdsh launch's sessions
+SSH_LOST = 255    # ssh's status when the connection fails, pdsh's and so the runner's after it
 
 
 def ssh_keepalive_env(args) -> dict[str, str]:
@@ -562,16 +572,19 @@ class Job:
         return self.verdict()
 
     def verdict(self) -> int:
-        failures = [f"{self.runner_name}: {describe(self.runner.returncode)}"] if self.runner.returncode else []
+        said = self.runner.returncode in (0, None) or (not self.torchrun and self.runner.returncode == RUNNER_FAILED)
+        failures = [] if said else [f"{self.runner_name}: {describe(self.runner.returncode)}"]
+        if failures and self.route == "pdsh" and self.runner.returncode == SSH_LOST:
+            failures[0] += " (ssh's own: a host, or the link to it, stopped answering; pdsh's line above names it)"
         failures += [f"{'rank' if pid in self.ranks else 'launch.py'} {pid}: {describe(code)}"
                      for pid, code in sorted(self.exit_codes.items()) if code != 0]
         if self.stop_at is not None:
             say(f"ranks stopped {'cleanly' if not failures else 'with errors'} "
                 f"{time.time() - self.stop_at:.0f} s after the stop signal")
         if not failures:
-            return 0
+            return self.runner.returncode or 0  # 0, or RUNNER_FAILED, said in the runner's line
         say("; ".join(failures))
-        code = self.runner.returncode or next(c for c in self.exit_codes.values() if c != 0)
+        code = self.runner.returncode or next((c for c in self.exit_codes.values() if c != 0), 1)
         return 128 - code if code < 0 else code
 
 
