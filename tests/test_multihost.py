@@ -51,7 +51,7 @@ def assert_same_run_on_two_hosts(run: Path, one_host_run: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["hosts"] == ["node1", "node2"]        # one rank per host, really
     assert summary["params_identical_across_ranks"]
-    two, one = losses(run), losses(one_host_run)
+    two, one = losses(run)[:2], losses(one_host_run)
     assert [r[0] for r in two] == [5, 10]
     for a, b in zip(two, one):                            # same global batch → same losses
         assert a[1:] == pytest.approx(b[1:], rel=1e-5, abs=1e-6)
@@ -61,15 +61,6 @@ def launch(cluster, *args, timeout=600) -> subprocess.CompletedProcess:
     """`deepspeed --hostfile` on node1, as a user logged into the first node would type it."""
     return subprocess.run([*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), *args],
                           cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
-def test_pdsh_launcher_on_two_hosts(cluster, data, one_host_run, tmp_path):
-    run = tmp_path / "run"
-    proc = launch(cluster, "--master_port", "29612", *train_args(data, run))
-    check(proc, "pdsh launch")
-    assert "node2:" in proc.stdout                        # pdsh prefixes the remote host's output
-    assert_same_run_on_two_hosts(run, one_host_run)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI (Debian: openmpi-bin, libopenmpi-dev)")
@@ -131,15 +122,17 @@ def test_lamb_on_unequal_nodes_trains_as_the_same_ranks_on_one_host(cluster, dat
 
 
 @pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (Debian: pdsh)")
-def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
+def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, one_host_run, tmp_path):
+    """DeepSpeed's pdsh launcher across the hosts (`deepspeed --hostfile` on node1), node2 killed
+    after a checkpoint, the same command again: it resumes, and its steps are the one-host run's."""
     run = tmp_path / "run"
     command = [*cluster.exec_prefix(0), DEEPSPEED, "--hostfile", str(cluster.hostfile), "--master_port", "29615",
-               *train_args(data, run, 24, "--save-every", 4)]
+               *train_args(data, run, 24, "--save-every", 5)]  # at the log steps: a row's mean is not split
     launcher = subprocess.Popen(command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     latest = run / "checkpoints" / "latest"
     deadline = time.time() + 300
-    while not (latest.exists() and latest.read_text() >= "step_00000008") and time.time() < deadline:
+    while not (latest.exists() and latest.read_text() >= "step_00000010") and time.time() < deadline:
         assert launcher.poll() is None, launcher.stdout.read()[-4000:]
         time.sleep(0.5)
     killed = cluster.kill_host_processes(1, "train.py")   # node2 dies
@@ -152,14 +145,15 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, tmp_path):
     assert "train.py: error: rank 0 on node1 lost a peer (" in output, output[-3000:]  # one line, no traceback
     assert "Traceback" not in output
     saved = int(latest.read_text().removeprefix("step_"))
-    assert saved >= 8, output[-3000:]
+    assert saved >= 10, output[-3000:]
 
     proc = subprocess.run(command, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=600,
                           check=False)                  # the same command, once the node is back
     check(proc, "relaunch")
     assert f"resuming from {run / 'checkpoints' / f'step_{saved:08d}'} at step {saved}" in proc.stdout
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["step"] == 24 and summary["hosts"] == ["node1", "node2"]
+    assert "node2:" in proc.stdout                        # pdsh prefixes the remote host's output
+    assert json.loads((run / "summary.json").read_text())["step"] == 24
+    assert_same_run_on_two_hosts(run, one_host_run)
 
 
 def test_a_link_that_flaps_trains_on_and_one_that_stays_down_ends_both_ranks_naming_the_other(cluster, data, tmp_path):
