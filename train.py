@@ -56,7 +56,7 @@ from commodity_bert.model.export import export_hf_model
 from commodity_bert.model.sections import activation_checkpointing, attention_layout
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.run_config import RunConfig
-from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY, read_run_config
 from commodity_bert.train import checkpoint, downstream_watcher, failures, run_lock
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
@@ -387,9 +387,8 @@ def intact_weights_to_start_from(directory: Path) -> str:
 def checkpoints_model_config(checkpoints: Path):
     """The BertConfig of the run whose checkpoint directory this is (its run_config.json's
     model_config), or None where the directory is not a run's."""
-    try:
-        saved = json.loads((checkpoints.parent / RUN_CONFIG).read_text())["model_config"]
-    except (OSError, ValueError, KeyError, TypeError):
+    saved = (read_run_config(checkpoints.parent) or {}).get("model_config")
+    if not isinstance(saved, dict):
         return None
     from transformers import BertConfig
     return BertConfig.from_dict(saved)

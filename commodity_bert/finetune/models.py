@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from commodity_bert.data import shard_format
-from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY
+from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY, read_run_config
 from commodity_bert.train import checkpoint as ckpt
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
@@ -111,11 +111,10 @@ def from_checkpoint(step_dir: Path, flag: str = "--model") -> Pretrained:
     and the run's clocks, without starting DeepSpeed."""
     from transformers import BertConfig
     run_dir = step_dir.parent.parent
-    config_file = run_dir / RUN_CONFIG
-    if not config_file.is_file():
-        raise ModelError(f"{flag} {step_dir}: a checkpoint, but {config_file} (its model's configuration) is "
-                         f"missing; give the RUN directory's checkpoint or its hf_model")
-    run_config = json.loads(config_file.read_text())
+    run_config = read_run_config(run_dir)
+    if run_config is None or "model_config" not in run_config:
+        raise ModelError(f"{flag} {step_dir}: a checkpoint, but {run_dir / RUN_CONFIG} (its model's configuration) "
+                         f"is missing or unreadable; give the RUN directory's checkpoint or its hf_model")
     try:
         # mmap: under ZeRO 0 the file also holds the optimizer's state, read only where touched
         saved = torch.load(step_dir / ckpt.MODEL_FILE, map_location="cpu", weights_only=True, mmap=True)

@@ -49,9 +49,11 @@ Why the details:
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import io
+import math
 import os
 import re
 import shlex
@@ -60,7 +62,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -281,12 +282,12 @@ def ssh_keepalive_env(args) -> dict[str, str]:
     extra = os.environ.get("PDSH_SSH_ARGS_APPEND", "")
     if "ServerAlive" in extra:
         return {}
-    minutes = DIST_TIMEOUT_MINUTES
-    for i, arg in enumerate(args.user_args):
-        value = arg.split("=", 1)[1] if arg.startswith("--dist-timeout-minutes=") else \
-            args.user_args[i + 1] if arg == "--dist-timeout-minutes" and i + 1 < len(args.user_args) else None
-        with contextlib.suppress(TypeError, ValueError):
-            minutes = float(value)
+    timeout = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    timeout.add_argument("--dist-timeout-minutes", type=float, default=DIST_TIMEOUT_MINUTES)
+    try:  # train.py's flag, read as its parser reads it; train.py refuses a bad value itself
+        minutes = timeout.parse_known_args(args.user_args)[0].dist_timeout_minutes
+    except SystemExit:
+        minutes = DIST_TIMEOUT_MINUTES
     count = math.ceil(minutes * 60 / SSH_ALIVE_S) + 1
     return {"PDSH_SSH_ARGS_APPEND": f"{extra} -o ServerAliveInterval={SSH_ALIVE_S} -o ServerAliveCountMax={count}".strip()}
 

@@ -243,11 +243,11 @@ def silent_peers(rank: int) -> str | None:
     3 beats, by host, or rank 0's host when the store it serves does not answer; None when every
     rank still beats (a peer behind or hung in its main thread) or there was no heartbeat."""
     import time
+    global _store_gone
     store, world = _store(), len(_hosts)
     if store is None or world < 2:
         return None
     beats = lambda: [store.add(BEAT_KEY.format(rank=r), 0) for r in range(world)]  # noqa: E731
-    global _store_gone
     before = _within(STORE_WAIT_S, beats)
     if before is None:
         _store_gone = True
