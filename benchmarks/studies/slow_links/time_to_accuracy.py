@@ -8,7 +8,7 @@ holds the model's predictions beside measured step times), for the accuracy runs
 mini, seq 128, global batch 64 split over the cluster's hosts, their precision and schedules,
 step by step (a DiLoCo round's inner steps, 0/1 Adam's local steps and syncs, 1-bit LAMB before
 and after its freeze). `--added-latency-ms` adds a one-way delay per ring hop to the measured
-link: this machine's kernel has no netem, so delayed links are modelled, not measured.
+link: the test hosts' kernels have no netem, so delayed links are modelled, not measured.
 
     python benchmarks/studies/slow_links/time_to_accuracy.py --ablation ABL --timing TIMING.json
         [--added-latency-ms 0 20] [--json OUT] [--markdown OUT.md]
