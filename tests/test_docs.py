@@ -247,3 +247,32 @@ def test_the_readmes_headline_figures_are_the_results_pages():
         if missing:
             problems.append(f"{ids[0]}: {missing} in the README, not in its RESULTS row")
     assert not problems, "\n".join(problems)
+
+
+def test_the_planning_pages_on_paper_days_are_the_raw_jsons():
+    """planning.md's on-paper table and slow_links.md's speed-up of 1-bit LAMB at 64 GPUs on
+    1 Gbit/s are the rows of the raw JSON the table links, to the digits printed: a re-run plan
+    that moves a figure fails here until the pages quote it."""
+    import json
+
+    planning = (REPO / "docs" / "planning.md").read_text(encoding="utf-8")
+    section = planning.split('<a id="on-paper"></a>', 1)[1]
+    raw = re.search(r"\[raw\]\(\.\./(benchmarks/results/[^)]+\.json)\)", section).group(1)
+    rows = json.loads((REPO / raw).read_text())["rows"]
+
+    def row(link: str, gpus: int, freeze: str) -> dict:
+        return next(r for r in rows if r["link"] == link and r["gpus"] == gpus and r["log_every"] == 50
+                    and r["freeze"].startswith(freeze))
+
+    table = section.split("```", 2)[1].strip().splitlines()[1:]
+    assert len(table) >= 4
+    for line in table:
+        rate, unit, gpus, lamb, auto, at_1000 = line.split()
+        link = f"{rate}{unit.split('/')[0].lower()}"
+        assert (lamb, auto, at_1000) == (f"{row(link, int(gpus), 'auto')['lamb_days']:.2f}",
+                                         f"{row(link, int(gpus), 'auto')['onebit_days']:.2f}",
+                                         f"{row(link, int(gpus), '1,000')['onebit_days']:.2f}"), line
+    speedup = f"{row('1gbit', 64, 'auto')['speedup']:.2f}×"
+    assert f"({speedup} at 64 GPUs with the shipped freeze)" in planning
+    slow_links = (REPO / "docs" / "slow_links.md").read_text(encoding="utf-8")
+    assert f"{speedup} faster than LAMB at 64 GPUs on paper" in slow_links
