@@ -276,3 +276,23 @@ def test_the_planning_pages_on_paper_days_are_the_raw_jsons():
     assert f"({speedup} at 64 GPUs with the shipped freeze)" in planning
     slow_links = (REPO / "docs" / "slow_links.md").read_text(encoding="utf-8")
     assert f"{speedup} faster than LAMB at 64 GPUs on paper" in slow_links
+
+
+# phrases that tell how the project was made (a machine of its own, what was at hand, how work
+# was done) rather than what it is; a user's machine is "yours" or named by its CPU
+HOW_IT_WAS_MADE = re.compile(r"this machine's|this project's (?:CPU )?machine|was at hand|beside editing|"
+                             r"notebook these|as the GPU machine|a borrowed|work session", re.I)
+ONE_MACHINES_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|root)/\S+")
+
+
+def test_the_pages_speak_of_the_project_alone():
+    """No page or config comment tells how the project was made, and no command on a page names
+    one machine's own paths (a clone from /work/..., a home directory)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*/README.md")),
+             *sorted((REPO / "benchmarks").glob("*.md")), *sorted((REPO / "ds_configs").glob("*.json"))]
+    found = []
+    for page in pages:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for match in (*HOW_IT_WAS_MADE.finditer(line), *ONE_MACHINES_PATH.finditer(line)):
+                found.append(f"{page.relative_to(REPO)}:{number}: {match.group(0)}")
+    assert not found, "\n".join(found)

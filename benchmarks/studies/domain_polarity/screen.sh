@@ -22,17 +22,20 @@ OUT=benchmarks/results/domain_polarity
 mkdir -p "$WORK" "$OUT"
 [ -f "$WORK/imdb/corpus.txt" ] || $PY -m data_prep corpus --sources imdb_reviews --output "$WORK/imdb"
 for variant in $VARIANTS; do
+    same_data=0  # 1: the base's shards serve (the variant changes the training, not the data)
     case $variant in
         base) knobs=() ;;
         seq64) knobs=(SEQ_LEN=64 BATCH=64) ;;  # the same tokens a step as base
         mask30) knobs=(MASK_PROB=0.3) ;;
-        lr3e-3) knobs=(LR=3e-3) ;;
+        lr3e-3) knobs=(LR=3e-3); same_data=1 ;;
         *) echo "screen.sh: unknown variant $variant (base, seq64, mask30, lr3e-3)" >&2; exit 2 ;;
     esac
     run=$WORK/screen/$variant
     mkdir -p "$run"
     # the vocabulary depends on the text alone: one for every variant
     [ -f "$run/vocab.txt" ] || [ ! -f "$WORK/screen/base/vocab.txt" ] || cp "$WORK/screen/base/vocab.txt" "$run/vocab.txt"
+    [ "$same_data" = 0 ] || [ -e "$run/shards" ] || [ ! -f "$WORK/screen/base/shards/manifest.json" ] \
+        || ln -s "$WORK/screen/base/shards" "$run/shards"
     env "${knobs[@]}" TEXT="$WORK/imdb/corpus.txt" TASK=embedded:polarity STEPS=1000 TIME_BUDGET=100m CHECKPOINTS=1 \
         OUT="$run" MASTER_PORT=29531 \
         FINETUNE_ARGS="--train-examples 1000 --lr 3e-4 --min-steps 200 --epochs 0.01 --threads ${THREADS:-2}" \
