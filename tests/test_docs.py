@@ -281,7 +281,7 @@ def test_the_planning_pages_on_paper_days_are_the_raw_jsons():
 # phrases that tell how the project was made (a machine of its own, what was at hand, how work
 # was done) rather than what it is; a user's machine is "yours" or named by its CPU
 HOW_IT_WAS_MADE = re.compile(r"this machine's|this project's (?:CPU )?machine|was at hand|beside editing|"
-                             r"notebook these|as the GPU machine|a borrowed|work session", re.I)
+                             r"notebook these|as the GPU machine|a borrowed|work session|gpu_carry", re.I)
 ONE_MACHINES_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|root)/\S+")
 
 

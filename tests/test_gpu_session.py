@@ -1,5 +1,5 @@
 """The GPU session script (benchmarks/gpu/session.sh), rehearsed on the CPU end to end, so that
-GPU time never meets a broken script: the carry is built as the device needs it, every
+GPU time never meets a broken script: the bundle is built as the device needs it, every
 part runs in its own capped process, the JSON holds what each part measured, and the packed model
 comes back whole."""
 import json
@@ -16,13 +16,13 @@ SESSION = REPO / "benchmarks" / "gpu" / "session.py"
 
 
 @pytest.fixture(scope="module")
-def carry(tmp_path_factory) -> Path:
+def bundle(tmp_path_factory) -> Path:
     """`session.py prepare`, as a developer runs it before a GPU run (it downloads wheels)."""
-    carry = tmp_path_factory.mktemp("gpu") / "carry"
-    proc = subprocess.run([sys.executable, str(SESSION), "prepare", "--carry", str(carry)], cwd=REPO,
+    bundle = tmp_path_factory.mktemp("gpu") / "bundle"
+    proc = subprocess.run([sys.executable, str(SESSION), "prepare", "--bundle", str(bundle)], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return carry
+    return bundle
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +44,18 @@ def device_python(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, device_python, tmp_path):
+def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(bundle, device_python, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "CARRY": str(carry), "PY": str(device_python)}
+    env = {**os.environ, "OUT": str(out), "BUNDLE": str(bundle), "PY": str(device_python)}
     proc = subprocess.run(["bash", "benchmarks/gpu/session.sh", "--rehearse", "--work", str(tmp_path / "work")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     session = json.loads((out / "session.json").read_text())
 
-    # the GPU's own plan, install included, fits in 7 minutes; the carry is complete and fits
+    # the GPU's own plan, install included, fits in 7 minutes; the bundle is complete and fits
     assert session["plan"]["gpu_total_s"] <= 420
-    assert {w.split("-")[0] for w in session["carry"]["wheels"]} >= {"deepspeed", "pydantic", "pydantic_core", "hjson"}
-    assert session["carry"]["carry_mib"] + session["carry"]["tree_mib"] < 64
+    assert {w.split("-")[0] for w in session["bundle"]["wheels"]} >= {"deepspeed", "pydantic", "pydantic_core", "hjson"}
+    assert session["bundle"]["bundle_mib"] + session["bundle"]["tree_mib"] < 64
     assert session["imports_absent_on_device"]["imported"] == []  # datasets, blingfire: not on the device
     parts = session["parts"]
     assert {p: parts[p]["status"] for p in parts} == {p: "ok" for p in ("correctness", "speed", "profile", "model",
@@ -100,14 +100,14 @@ def test_gpu_session_rehearsal_runs_every_part_and_returns_the_model(carry, devi
     assert (out / "session.log").stat().st_size > 0
 
 
-def test_an_incomplete_carry_is_refused_in_one_line(carry, tmp_path):
-    broken = tmp_path / "carry"
+def test_an_incomplete_bundle_is_refused_in_one_line(bundle, tmp_path):
+    broken = tmp_path / "bundle"
     (broken / "wheels").mkdir(parents=True)
-    for wheel in (carry / "wheels").glob("*.whl"):
+    for wheel in (bundle / "wheels").glob("*.whl"):
         if not wheel.name.startswith("pydantic_core"):
             (broken / "wheels" / wheel.name).symlink_to(wheel)
-    (broken / "data").symlink_to(carry / "data")
-    proc = subprocess.run([sys.executable, str(SESSION), "check", "--carry", str(broken)], cwd=REPO,
+    (broken / "data").symlink_to(bundle / "data")
+    proc = subprocess.run([sys.executable, str(SESSION), "check", "--bundle", str(broken)], cwd=REPO,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [

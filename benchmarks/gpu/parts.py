@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 from bench_common import single_rank_environment
-from carry import normalise
+from bundle import normalise
 
 REPO = Path(__file__).resolve().parents[2]
 OUT_FILE_MIB = 15  # pieces of the packed model: files of at most 16 MiB come back from the device
@@ -511,7 +511,7 @@ def run_part(args) -> None:
 
 def loaded_distributions() -> list[str]:
     """The installed distributions whose modules this process imported: the rehearsal checks
-    each is on the device or in the carry (standard library and the project's own excluded)."""
+    each is on the device or in the bundle (standard library and the project's own excluded)."""
     owners = importlib.metadata.packages_distributions()
     names = {top for name in list(sys.modules) if (top := name.split(".")[0]) in owners}
     return sorted({normalise(d) for top in names for d in owners[top]} - {"commodity-bert"})

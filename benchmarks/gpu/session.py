@@ -3,13 +3,13 @@ own time cap.
 
 GPU time is short and a GPU machine's start is slow, so the work is prepared here and rehearsed on
 CPU in CI; the GPU machine only runs it. What the script needs from that machine: a copy of the
-working tree with gpu_carry/ beside it (64 MiB in all; `prepare` builds the carry, `check` checks
-it), the packages the carry does not bring (carry.py's DEVICE_PACKAGES), one command run under a
+working tree with gpu_bundle/ beside it (64 MiB in all; `prepare` builds the bundle, `check` checks
+it), the packages the bundle does not bring (bundle.py's DEVICE_PACKAGES), one command run under a
 time limit (the plan takes at most 420 s; 560 s with --model-minutes), and the files it writes
 under OUT copied back, each under 16 MiB.
 
-    python benchmarks/gpu/session.py prepare          # here: gpu_carry/ (wheels the device lacks + shards)
-    bash benchmarks/gpu/session.sh                    # there: install from gpu_carry/, then `run`
+    python benchmarks/gpu/session.py prepare          # here: gpu_bundle/ (wheels the device lacks + shards)
+    bash benchmarks/gpu/session.sh                    # there: install from gpu_bundle/, then `run`
     bash benchmarks/gpu/session.sh --rehearse         # here: the same parts, tiny, seconds-long caps
 
 The parts (`run` starts each as a child process of its own, killed at its cap; a child writes its
@@ -30,7 +30,7 @@ OUT/session.json and appends to OUT/session.log after every part):
   profile          a profile of BERT-large's step on both paths (the device's time by kind of
                    kernel, the costliest kernels), so a missed MFU goal says where the time goes.
   c. model         `mini` pretrained for a fixed number of minutes (75 s; --model-minutes) on the
-                   carry's shards (--model-data: the State of the Union, or the prose corpus that
+                   bundle's shards (--model-data: the State of the Union, or the prose corpus that
                    `prepare` builds where data_prep's corpus command has made it), its hf_model
                    packed into pieces under 16 MiB that come back from the device: fine-tune it on
                    CPU afterwards.
@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the device installs no project: its package is read from the tree (parts.py writes through it)
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from carry import CARRY, check_carry, prepare, project_needs_absent_on_device, say
+from bundle import BUNDLE, check_bundle, prepare, project_needs_absent_on_device, say
 from parts import run_part, write_json
 
 PARTS = ("correctness", "speed", "profile", "model", "fused_lamb")
@@ -102,15 +102,15 @@ def run_plan(args) -> int:
                "python": platform.python_version(), "install_s": args.install_s,
                "plan": {"caps_s": {"install": caps["install"], **{p: caps[p] for p in parts}}, "total_s": plan_s,
                         "limit_s": limit_s, "gpu_total_s": sum(CAPS["gpu"].values())},
-               "carry": check_carry(Path(args.carry)), "parts": {}}
+               "bundle": check_bundle(Path(args.bundle)), "parts": {}}
     say(f"plan ({kind}): install {caps['install']} s, " + ", ".join(f"{p} {caps[p]} s" for p in parts) +
         f"; {plan_s} s in all" + (f" (limit {limit_s} s)" if kind == "gpu" else ""))
     if kind == "gpu" and plan_s > limit_s:  # the rehearsal's caps only guard a CPU's slow day
         raise SystemExit(f"session.py: error: the plan takes {plan_s} s, over {limit_s} s"
                          + ("; give a smaller --model-minutes or fewer parts (--only)" if args.model_minutes else ""))
     # part c's shards: --model-data's; else the session's own (the rehearsal's small ones there)
-    model_data = Path(args.carry) / args.model_data if args.model_data else (
-        None if args.rehearse else Path(args.carry) / "data")
+    model_data = Path(args.bundle) / args.model_data if args.model_data else (
+        None if args.rehearse else Path(args.bundle) / "data")
     if "model" in parts and model_data is not None and not (model_data / "manifest.json").is_file():
         raise SystemExit(f"session.py: error: --model-data {args.model_data}: no shards in {model_data}; "
                          f"run: python benchmarks/gpu/session.py prepare")
@@ -119,7 +119,7 @@ def run_plan(args) -> int:
     for part in parts:
         started = time.perf_counter()
         result_file = work / f"{part}.json"
-        data = Path(args.carry) / ("rehearsal_data/shards" if args.rehearse else "data")
+        data = Path(args.bundle) / ("rehearsal_data/shards" if args.rehearse else "data")
         if part == "model" and model_data is not None:
             data = model_data
         # a parent run without site (the rehearsal's stand-in for the device, where the project is
@@ -153,7 +153,7 @@ def run_plan(args) -> int:
     session["imports_absent_on_device"] = {"absent_on_device": sorted(absent), "imported": imported}
     write_json(out / "session.json", session)
     if imported:
-        say(f"the parts imported {', '.join(imported)}, which the device lacks and the carry leaves out")
+        say(f"the parts imported {', '.join(imported)}, which the device lacks and the bundle leaves out")
     failed = [p for p, r in session["parts"].items() if r["status"] != "ok" or r.get("passed") is False]
     failed += ["imports"] if imported else []
     say("all parts ok" if not failed else f"not ok: {', '.join(failed)} (see session.json, session.log)")
@@ -176,15 +176,15 @@ def summary_line(part: str, result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="build gpu_carry/ here: the device's missing wheels and the shards")
-    prep.add_argument("--carry", default=str(CARRY))
-    prep.add_argument("--corpus", help="also carry shards of this prose corpus (a `bert-data-prep corpus` "
-                      "directory, built there first if absent) as gpu_carry/corpus, for --model-data corpus")
-    check = sub.add_parser("check", help="is gpu_carry/ complete, and does it fit beside the tree?")
-    check.add_argument("--carry", default=str(CARRY))
+    prep = sub.add_parser("prepare", help="build gpu_bundle/ here: the device's missing wheels and the shards")
+    prep.add_argument("--bundle", default=str(BUNDLE))
+    prep.add_argument("--corpus", help="also bundle shards of this prose corpus (a `bert-data-prep corpus` "
+                      "directory, built there first if absent) as gpu_bundle/corpus, for --model-data corpus")
+    check = sub.add_parser("check", help="is gpu_bundle/ complete, and does it fit beside the tree?")
+    check.add_argument("--bundle", default=str(BUNDLE))
     plan = sub.add_parser("run", help="run the parts in order, each capped (session.sh calls this)")
     plan.add_argument("--out", default=os.environ.get("OUT", str(REPO / "runs" / "gpu_session")))
-    plan.add_argument("--carry", default=str(CARRY))
+    plan.add_argument("--bundle", default=str(BUNDLE))
     plan.add_argument("--work", default="/tmp/gpu_session_work")
     plan.add_argument("--rehearse", action="store_true", help="the CPU's rehearsal: tiny sizes, no fp16")
     plan.add_argument("--skip-fused-lamb", action="store_true", help="leave out part d (FusedLamb's JIT build)")
@@ -192,7 +192,7 @@ def main() -> None:
     plan.add_argument("--install-s", type=float, help="seconds the install took (session.sh)")
     plan.add_argument("--model-minutes", type=float, help="part c pretrains this long instead of the plan's "
                       "75 s (a call of its own: the plan then may take up to 560 s)")
-    plan.add_argument("--model-data", help="part c's shards, a folder of the carry (default: "
+    plan.add_argument("--model-data", help="part c's shards, a folder of the bundle (default: "
                       "data, the State of the Union; corpus: the prose corpus, where prepare built it)")
     part = sub.add_parser("part", help="one part, in this process (run starts these)")
     part.add_argument("part", choices=PARTS)
@@ -202,9 +202,9 @@ def main() -> None:
     part.add_argument("--model-minutes", type=float)
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(Path(args.carry), Path(args.corpus) if args.corpus else None)
+        prepare(Path(args.bundle), Path(args.corpus) if args.corpus else None)
     elif args.command == "check":
-        print(json.dumps(check_carry(Path(args.carry)), indent=1))
+        print(json.dumps(check_bundle(Path(args.bundle)), indent=1))
     elif args.command == "run":
         sys.exit(run_plan(args))
     else:

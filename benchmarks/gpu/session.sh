@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every check the project runs on a GPU, in one command (benchmarks/gpu/session.py says what and why).
 #
-#   here, once:  python benchmarks/gpu/session.py prepare   (gpu_carry/: wheels the device lacks, shards)
-#   on the GPU:  bash benchmarks/gpu/session.sh   (in a copy of the tree with gpu_carry/ beside it;
+#   here, once:  python benchmarks/gpu/session.py prepare   (gpu_bundle/: wheels the device lacks, shards)
+#   on the GPU:  bash benchmarks/gpu/session.sh   (in a copy of the tree with gpu_bundle/ beside it;
 #                a time limit of 480 s; OUT's files copied back)
 #   rehearsal:   bash benchmarks/gpu/session.sh --rehearse  (on a CPU, tiny sizes: what CI runs)
 #
@@ -18,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/gpu_session}
-CARRY=${CARRY:-gpu_carry}
+BUNDLE=${BUNDLE:-gpu_bundle}
 mkdir -p "$OUT"
 rehearse=0
 for arg in "$@"; do [ "$arg" = --rehearse ] && rehearse=1; done
@@ -35,17 +35,17 @@ else
 fi
 started=$(date +%s%N)
 if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $AS_DEVICE \
-        "$CARRY"/wheels/*.whl >>"$OUT/session.log" 2>&1; then
-    echo "session.sh: error: the wheels in $CARRY/wheels did not install (see $OUT/session.log); run: python benchmarks/gpu/session.py prepare" >&2
+        "$BUNDLE"/wheels/*.whl >>"$OUT/session.log" 2>&1; then
+    echo "session.sh: error: the wheels in $BUNDLE/wheels did not install (see $OUT/session.log); run: python benchmarks/gpu/session.py prepare" >&2
     exit 1
 fi
 ms=$(( ($(date +%s%N) - started) / 1000000 )); install_s=$((ms / 1000)).$(printf %03d $((ms % 1000)))
 if [ $rehearse = 1 ]; then rm -rf "$SITE"; else export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"; fi
-echo "session: installed $(ls "$CARRY"/wheels/*.whl | wc -l) wheels in ${install_s} s"
+echo "session: installed $(ls "$BUNDLE"/wheels/*.whl | wc -l) wheels in ${install_s} s"
 export PYTHONUNBUFFERED=1
 # DeepSpeed 0.19.8's op builder cannot read an architecture with a letter (9.0a): docs/install.md.
 # The device's only: the CPU's ops have no CUDA architecture.
 if [ $rehearse = 0 ]; then
     TORCH_CUDA_ARCH_LIST=$(echo "${TORCH_CUDA_ARCH_LIST:-9.0}" | sed 's/\([0-9]\)[a-z]/\1/g'); export TORCH_CUDA_ARCH_LIST
 fi
-exec "$PY" benchmarks/gpu/session.py run --out "$OUT" --carry "$CARRY" --install-s "$install_s" "$@"
+exec "$PY" benchmarks/gpu/session.py run --out "$OUT" --bundle "$BUNDLE" --install-s "$install_s" "$@"

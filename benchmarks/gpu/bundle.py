@@ -1,7 +1,7 @@
-"""What travels to the GPU machine beside the working tree (gpu_carry/, ignored by git): the wheels
-the device's Python lacks and the shards every part uses. Built here with the network (`session.py
-prepare`), checked before every plan (`session.py check`, and `run` itself): complete for the
-device's Python, and with the tree under 64 MiB, the most a copy to the device may hold."""
+"""What a GPU node without network access needs beside the working tree (gpu_bundle/, ignored by
+git): the wheels its Python image lacks and the shards every part uses. Built where there is a
+network (`session.py prepare`), checked before every plan (`session.py check`, and `run` itself):
+complete for the node's Python, and with the tree under 64 MiB, so a copy to the node stays small."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -13,11 +13,11 @@ from pathlib import Path
 from commodity_bert.host import speaker
 
 REPO = Path(__file__).resolve().parents[2]
-CARRY = REPO / "gpu_carry"  # ignored by git; copied to the device beside the tree
-LIMIT_MIB = 64  # the working tree plus the carry, as copied to the device
+BUNDLE = REPO / "gpu_bundle"  # ignored by git; copied to the device beside the tree
+LIMIT_MIB = 64  # the working tree plus the bundle, as copied to the device
 
 # The Python packages already on the device's image (its package list as read 2026-11-17), as
-# distribution names normalised by `normalise`. The carry holds the rest.
+# distribution names normalised by `normalise`. The bundle holds the rest.
 DEVICE_PACKAGES = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -56,12 +56,12 @@ def normalise(name: str) -> str:
 say = speaker("session")
 
 
-def prepare(carry: Path, corpus: Path | None = None) -> dict:
-    """gpu_carry/wheels: what DEVICE_PACKAGES lacks, for the device's Python, at the versions this
-    environment runs (so the rehearsal tests the same set); gpu_carry/data: the shards every part
-    uses. Writes to temporary names and renames, so a failed prepare leaves the old carry whole."""
-    carry.mkdir(parents=True, exist_ok=True)
-    wheels_tmp = carry / "wheels.tmp"
+def prepare(bundle: Path, corpus: Path | None = None) -> dict:
+    """gpu_bundle/wheels: what DEVICE_PACKAGES lacks, for the device's Python, at the versions this
+    environment runs (so the rehearsal tests the same set); gpu_bundle/data: the shards every part
+    uses. Writes to temporary names and renames, so a failed prepare leaves the old bundle whole."""
+    bundle.mkdir(parents=True, exist_ok=True)
+    wheels_tmp = bundle / "wheels.tmp"
     shutil.rmtree(wheels_tmp, ignore_errors=True)
     wheels_tmp.mkdir()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -74,47 +74,47 @@ def prepare(carry: Path, corpus: Path | None = None) -> dict:
     # the device JIT-builds the ops it uses, for its own torch and CUDA
     run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels_tmp),
          f"deepspeed=={importlib.metadata.version('deepspeed')}"])
-    shutil.rmtree(carry / "wheels", ignore_errors=True)
-    wheels_tmp.rename(carry / "wheels")
+    shutil.rmtree(bundle / "wheels", ignore_errors=True)
+    wheels_tmp.rename(bundle / "wheels")
 
-    data_tmp = carry / "data.tmp"
+    data_tmp = bundle / "data.tmp"
     shutil.rmtree(data_tmp, ignore_errors=True)
     # the embedded BERT-base vocabulary: what users pretrain with; MFU counts its head
     make_shards("embedded:sotu", data_tmp)
-    shutil.rmtree(carry / "data", ignore_errors=True)
-    data_tmp.rename(carry / "data")
+    shutil.rmtree(bundle / "data", ignore_errors=True)
+    data_tmp.rename(bundle / "data")
     # the rehearsal's: the same text with a 2,048-token vocabulary, so that `tiny`'s checkpoints
     # and exports (most of them its embedding table) cost the CPU seconds, not minutes; and a
     # validation split of one address (76 sequences, not 668): every run of the rehearsal ends in
     # an evaluation, and 668 made them most of its time on a CPU
-    rehearsal_tmp = carry / "rehearsal_data.tmp"
+    rehearsal_tmp = bundle / "rehearsal_data.tmp"
     shutil.rmtree(rehearsal_tmp, ignore_errors=True)
     rehearsal_tmp.mkdir()
     run([sys.executable, "-m", "data_prep", "vocab", "--input", "embedded:sotu", "--vocab-size", "2048",
          "--output", str(rehearsal_tmp / "vocab.txt")], cwd=REPO)
     make_shards("embedded:sotu", rehearsal_tmp / "shards", "--vocab", str(rehearsal_tmp / "vocab.txt"),
                 num_shards="2", val_fraction="0.006")
-    shutil.rmtree(carry / "rehearsal_data", ignore_errors=True)
-    rehearsal_tmp.rename(carry / "rehearsal_data")
+    shutil.rmtree(bundle / "rehearsal_data", ignore_errors=True)
+    rehearsal_tmp.rename(bundle / "rehearsal_data")
     if corpus is not None:
-        prepare_corpus(carry, corpus)
-    report = check_carry(carry)
-    say(f"prepared {carry}: {len(report['wheels'])} wheels, carry {report['carry_mib']:.1f} MiB, "
+        prepare_corpus(bundle, corpus)
+    report = check_bundle(bundle)
+    say(f"prepared {bundle}: {len(report['wheels'])} wheels, bundle {report['bundle_mib']:.1f} MiB, "
         f"tree {report['tree_mib']:.1f} MiB (limit {LIMIT_MIB})")
     return report
 
 
-def prepare_corpus(carry: Path, corpus: Path) -> None:
-    """gpu_carry/corpus: part c's shards from the prose corpus (`bert-data-prep corpus`, built
+def prepare_corpus(bundle: Path, corpus: Path) -> None:
+    """gpu_bundle/corpus: part c's shards from the prose corpus (`bert-data-prep corpus`, built
     into `corpus` first where it is not there), seq 128, dynamic masking, no NSP, the BERT vocabulary."""
     if not (corpus / "corpus.txt").is_file():
         run([sys.executable, "-m", "data_prep", "corpus", "--output", str(corpus)], cwd=REPO)
-    tmp = carry / "corpus.tmp"
+    tmp = bundle / "corpus.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     make_shards(str(corpus / "corpus.txt"), tmp, val_fraction="0.01")
     shutil.copy(corpus / "manifest.json", tmp / "corpus_manifest.json")
-    shutil.rmtree(carry / "corpus", ignore_errors=True)
-    tmp.rename(carry / "corpus")
+    shutil.rmtree(bundle / "corpus", ignore_errors=True)
+    tmp.rename(bundle / "corpus")
 
 
 def make_shards(text: str, output: Path, *extra: str, val_fraction: str = "0.02", num_shards: str = "4") -> None:
@@ -133,7 +133,7 @@ def run(cmd: list[str], cwd: Path | None = None) -> None:
 
 
 def tree_bytes() -> int:
-    """What the device gets besides the carry: tracked files and untracked ones git does not ignore."""
+    """What the device gets besides the bundle: tracked files and untracked ones git does not ignore."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True).stdout.split(b"\0")
     return sum((REPO / name.decode()).stat().st_size for name in listed if name and (REPO / name.decode()).is_file())
@@ -163,7 +163,7 @@ def carried_closure_gaps() -> list[str]:
 
 
 def project_needs_absent_on_device() -> list[str]:
-    """The project's own requirements that the device lacks and the carry leaves out (datasets,
+    """The project's own requirements that the device lacks and the bundle leaves out (datasets,
     blingfire): no part may import them."""
     import tomllib
     from packaging.requirements import Requirement
@@ -174,14 +174,14 @@ def project_needs_absent_on_device() -> list[str]:
     return sorted({normalise(r.name) for r in needs} - DEVICE_PACKAGES - carried)
 
 
-def check_carry(carry: Path) -> dict:
-    """Is the carry complete (a wheel for every CARRIED name, for the device's Python) and does it
+def check_bundle(bundle: Path) -> dict:
+    """Is the bundle complete (a wheel for every CARRIED name, for the device's Python) and does it
     fit beside the tree? Raises SystemExit with one line if not."""
-    wheels = sorted(p.name for p in (carry / "wheels").glob("*.whl"))
+    wheels = sorted(p.name for p in (bundle / "wheels").glob("*.whl"))
     names = {normalise(w.split("-")[0]) for w in wheels}
     missing = [n for n in CARRIED if normalise(n) not in names]
     if missing:
-        raise SystemExit(f"session.py: error: {carry}/wheels lacks {', '.join(missing)}; "
+        raise SystemExit(f"session.py: error: {bundle}/wheels lacks {', '.join(missing)}; "
                          f"run: python benchmarks/gpu/session.py prepare")
     wrong = [w for w in wheels if not (w.endswith("-none-any.whl") or f"-{DEVICE_PYTHON[1]}-" in w)]
     if wrong:
@@ -191,11 +191,11 @@ def check_carry(carry: Path) -> dict:
     if gaps:
         raise SystemExit(f"session.py: error: the carried wheels need {', '.join(gaps)}, which the device lacks; "
                          f"add them to CARRIED in benchmarks/gpu/session.py")
-    if not all((carry / d / "manifest.json").is_file() for d in ("data", "rehearsal_data/shards")):
-        raise SystemExit(f"session.py: error: no shards in {carry}/data; run: python benchmarks/gpu/session.py prepare")
-    carry_bytes = sum(p.stat().st_size for p in carry.rglob("*") if p.is_file())
+    if not all((bundle / d / "manifest.json").is_file() for d in ("data", "rehearsal_data/shards")):
+        raise SystemExit(f"session.py: error: no shards in {bundle}/data; run: python benchmarks/gpu/session.py prepare")
+    bundle_bytes = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     tree = tree_bytes()
-    if carry_bytes + tree > LIMIT_MIB * 2**20:
-        raise SystemExit(f"session.py: error: the tree ({tree / 2**20:.1f} MiB) and {carry} "
-                         f"({carry_bytes / 2**20:.1f} MiB) exceed the device's {LIMIT_MIB} MiB")
-    return {"wheels": wheels, "carry_mib": carry_bytes / 2**20, "tree_mib": tree / 2**20}
+    if bundle_bytes + tree > LIMIT_MIB * 2**20:
+        raise SystemExit(f"session.py: error: the tree ({tree / 2**20:.1f} MiB) and {bundle} "
+                         f"({bundle_bytes / 2**20:.1f} MiB) exceed the device's {LIMIT_MIB} MiB")
+    return {"wheels": wheels, "bundle_mib": bundle_bytes / 2**20, "tree_mib": tree / 2**20}
