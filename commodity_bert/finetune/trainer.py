@@ -315,9 +315,11 @@ def fit(model, lengths: list[int], loss_of, total: int, seed: int, hp: Hyperpara
 
 
 def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, seed: int, hp: Hyperparameters,
-             device, random_init: bool = False, progress: bool = True, label: str | None = None) -> dict:
+             device, random_init: bool = False, progress: bool = True, label: str | None = None,
+             keep_model: bool = False) -> dict:
     """Fine-tune from `pretrained` (or its architecture, randomly initialised) with one seed;
-    returns the dev metric and the seconds it took."""
+    returns the dev metric and the seconds it took (and, with keep_model, the fitted classifier
+    as "model", for scoring it on other rows without fitting it again)."""
     started = time.perf_counter()
     seed_everything(seed)
     model = classifier(pretrained, len(task.label_names), random_init, hp.dropout, hp.pooling,
@@ -340,7 +342,8 @@ def finetune(pretrained: Pretrained, task: Task, train: Encoded, dev: Encoded, s
     value = metrics.score(task.metric, predicted, dev.labels, len(task.label_names), positive)
     return {"seed": seed, "value": value, "seconds": round(time.perf_counter() - started, 2), "steps": total,
             "lr": hp.lr,
-            "final_train_loss": float(np.mean(losses[-20:])) if losses else None}
+            "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
+            **({"model": model} if keep_model else {})}
 
 
 def majority(task: Task, dev: Encoded, label) -> float:

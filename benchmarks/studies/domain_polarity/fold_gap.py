@@ -24,7 +24,7 @@ from commodity_bert.finetune.tasks import embedded_polarity, sample_train  # noq
 def bag_of_words(task, labels, folds) -> list[dict]:
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression
-    dev_y = [task.label_names.index(label) for label in task.dev.labels]
+    dev_y = task.label_ids(task.dev)
     rows = []
     for k, (fit, held) in enumerate(folds):
         words = CountVectorizer(ngram_range=(1, 2))
@@ -45,15 +45,18 @@ def main() -> None:
     hp = trainer.Hyperparameters(precision="bf16", min_steps=200)
     train, dev, _ = FAMILIES[task.family].encode(task, pretrained.tokenizer, hp, None)
     folds = selection.folds(train.labels, 3)
-    rows = bag_of_words(task, [task.label_names.index(label) for label in task.train.labels], folds)
+    rows = bag_of_words(task, task.label_ids(task.train), folds)
     for name, random_init, lr in (("pretrained", False, rates[0]), ("random_init", True, rates[1])):
         for k, (fit_rows, held_rows) in enumerate(folds):
             fit = train.subset(fit_rows)
             fold_hp = replace(hp, lr=lr, steps=selection.fold_steps(200, len(fit), len(train)))
-            scored = {where: trainer.finetune(pretrained, task, fit, rows_, 1, fold_hp, torch.device("cpu"),
-                                              random_init, False)["value"]
-                      for where, rows_ in (("held", train.subset(held_rows)), ("dev", dev))}
-            rows.append({"arm": name, "lr": lr, "fold": k, "steps": fold_hp.steps, **scored})
+            fitted = trainer.finetune(pretrained, task, fit, dev, 1, fold_hp, torch.device("cpu"), random_init,
+                                      False, keep_model=True)
+            held = train.subset(held_rows)
+            predicted = trainer.predict(fitted["model"], held, hp.batch_size, pretrained.tokenizer.pad_token_id or 0,
+                                        torch.device("cpu"), hp.precision)
+            rows.append({"arm": name, "lr": lr, "fold": k, "steps": fold_hp.steps,
+                         "held": float(np.mean(np.array(predicted) == np.array(held.labels))), "dev": fitted["value"]})
     summary = {arm: {where: round(100 * float(np.mean([r[where] for r in rows if r["arm"] == arm])), 1)
                      for where in ("held", "dev")} for arm in ("pretrained", "random_init", "bag_of_words")}
     result = {"model": str(model_path), "threads": threads, "rows": rows, "mean_percent": summary}
