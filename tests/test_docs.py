@@ -4,6 +4,7 @@ id) of that file; every command of the README's and docs' bash blocks parses wit
 parser; every --flag a --help names exists; and each of the README's headline figures is a figure of
 the benchmarks/RESULTS.md row it links."""
 import contextlib
+import json
 import re
 
 from conftest import REPO
@@ -253,8 +254,6 @@ def test_the_planning_pages_on_paper_days_are_the_raw_jsons():
     """planning.md's on-paper table and slow_links.md's speed-up of 1-bit LAMB at 64 GPUs on
     1 Gbit/s are the rows of the raw JSON the table links, to the digits printed: a re-run plan
     that moves a figure fails here until the pages quote it."""
-    import json
-
     planning = (REPO / "docs" / "planning.md").read_text(encoding="utf-8")
     section = planning.split('<a id="on-paper"></a>', 1)[1]
     raw = re.search(r"\[raw\]\(\.\./(benchmarks/results/[^)]+\.json)\)", section).group(1)
