@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--short-seq-prob", type=_fraction, default=0.1)
     s.add_argument("--strata", type=_positive, default=4, help="length strata (bins of seq-len/N)")
     s.add_argument("--num-shards", type=_positive, default=16,
-                   help="training shards; a multiple of the number of training ranks (see docs/data.md)")
+                   help="training shards, any count: each of W training ranks reads n//W whole shards and a share "
+                        "of the n %% W left over (docs/data.md)")
     s.add_argument("--num-val-shards", type=_positive, default=1)
     s.add_argument("--val-fraction", type=_fraction, default=0.01,
                    help="fraction of documents held out for validation")

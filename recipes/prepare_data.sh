@@ -6,7 +6,8 @@
 #   TEXT_FIELD   the text's field in .jsonl, parquet and HF inputs (default text)
 #   OUT          output root (default data/pretrain); makes $OUT/seq128 and $OUT/seq512
 #   VOCAB        vocab.txt (default: the embedded BERT-base uncased vocabulary)
-#   NUM_SHARDS   training shards per phase: a multiple of your total GPU count (default 256)
+#   NUM_SHARDS   training shards per phase, any count (default 256): each of W ranks reads n/W whole
+#                shards and a share of the n mod W left over (docs/data.md)
 #   WORKERS      processes (default: all cores)
 # Re-running the same command resumes an interrupted run.
 set -euo pipefail

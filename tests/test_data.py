@@ -18,6 +18,7 @@ from commodity_bert.data.loader import (
     TrainingBatches,
     ValidationBatches,
     load_arrays,
+    rank_shares,
     round_schedule,
     spread_strata,
 )
@@ -86,6 +87,27 @@ def test_every_micro_batch_has_the_same_strata_mix_on_every_rank(datasets, world
     # every sample trains in the epoch but fewer than a micro-batch per rank (plus shards' differences)
     total = sum(manifest["splits"]["train"]["strata_counts"])
     assert total - sum(len(r) for r in seen) < world * (micro + len(shares)) + 3
+
+
+@pytest.mark.parametrize("shards, world", [(256, 10), (4, 3), (2, 3), (8, 4)])
+def test_whole_shards_are_dealt_and_only_those_left_over_split(shards, world):
+    """For any shard count a rank reads ⌊n/W⌋ whole shards and the n mod W left over (not all n):
+    every sample goes to exactly one rank, and the ranks' counts in each stratum differ by at most
+    two samples (with every shard split from rank 0, rank 0 held one more sample per shard and
+    stratum, left untrained each epoch)."""
+    totals = np.array([681, 1635, 4502, 14517])  # a stratum's extra samples go to its first shards
+    manifest = {"splits": {"train": {"shards": [{"strata_counts": (totals // shards + (k < totals % shards)).tolist()}
+                                                for k in range(shards)]}}}
+    dealt = [rank_shares(manifest, r, world) for r in range(world)]
+    whole, left = shards // world, shards % world
+    for shares in dealt:
+        read = {share.shard for share in shares}
+        assert len(shares) == len(read) == (whole + left if whole else shards)
+        assert sum(share.step == 1 for share in shares) == whole
+    ids = np.concatenate([share.ids(s) for shares in dealt for share in shares for s in range(4)])
+    assert len(ids) == len(np.unique(ids)) == totals.sum()
+    counts = np.array([sum(share.counts() for share in shares) for shares in dealt])
+    assert (counts.max(axis=0) - counts.min(axis=0) <= 2).all()
 
 
 def test_a_stratum_too_small_for_one_sample_per_batch_still_trains_every_epoch():
@@ -344,6 +366,7 @@ def _trained_ids(batches: TrainingBatches, count: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("layouts", [
     [(2, 16, 1), (1, 32, 1)],             # half the ranks, the global batch kept
     [(1, 16, 2), (3, 8, 1), (2, 8, 0)],   # more ranks, then fewer, the shard window changed each time
+    [(3, 8, 1, "split"), (3, 8, 1)],      # a checkpoint from before whole shards were dealt (4 shards, 3 ranks)
 ])
 def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets, layouts):
     """A relaunch under another world size, micro-batch or shard window continues the epoch by the
@@ -356,9 +379,9 @@ def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets
     strata = manifest["num_strata"]
     total = sum(manifest["splits"]["train"]["strata_counts"])
 
-    def ranks(world, micro, window):
-        return [TrainingBatches(ShardSet.open(data), r, world, micro, seed=3, num_workers=0, shards_in_memory=window)
-                for r in range(world)]
+    def ranks(world, micro, window, dealing="whole"):
+        return [TrainingBatches(ShardSet.open(data), r, world, micro, seed=3, num_workers=0, shards_in_memory=window,
+                                dealing=dealing) for r in range(world)]
 
     uninterrupted = ranks(*layouts[0])
     whole = np.concatenate([np.concatenate(_trained_ids(b, b.stream.batches_in_epoch(0))) for b in uninterrupted])
@@ -379,15 +402,20 @@ def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets
         assert all(b.epoch == 0 for b in group) if not last else True
         state = group[0].state_dict()
         state = json.loads(json.dumps(state))  # as a checkpoint keeps it
+        if len(layout) > 3:  # the earlier rule, as a checkpoint of its time saved it: no "dealing"
+            del state["layout"]["dealing"]
     resumed = np.concatenate(trained)
     assert len(np.unique(resumed)) == len(resumed)  # none twice
     world, micro = layouts[-1][:2]
     assert total - len(resumed) < world * (micro + strata)  # the last layout's few, as a fresh run leaves
     assert all("the rest of the epoch is dealt to" in line for line in lines)
+    assert ("every shard split" in lines[0]) == (len(layouts[0]) > 3)
     # the next epoch: the last layout's own plan, as a fresh run under it deals it
     fresh = ranks(*layouts[-1])
     assert np.array_equal(next(group[0].sample_ids()), next(iter(fresh[0].stream.plans(1))).plan[0])
     assert group[0].epoch == 1 and not group[0].earlier
+    if len(layouts[0]) > 3:
+        return
     # what main did: the position read as (epoch, batch) under the new layout
     first = ranks(*layouts[0])
     before = np.concatenate([np.concatenate(_trained_ids(b, 3)) for b in first])

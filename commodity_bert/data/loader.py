@@ -99,28 +99,54 @@ def sample_ids(shard: int, stratum: int, ordinals: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ShardShare:
-    """The samples of one shard that one rank trains: per stratum, the ordinals
-    range(first, stratum size, step) (ranges, not arrays: every rank keeps every rank's shares)."""
+    """The samples of one shard that one rank trains: per stratum s, the ordinals
+    range(first[s], stratum size, step) (ranges, not arrays: every rank keeps every rank's shares);
+    `first` is one start for every stratum or one per stratum."""
     shard: int
     sizes: tuple[int, ...]
-    first: int = 0
+    first: int | tuple[int, ...] = 0
     step: int = 1
 
+    def _first(self, stratum: int) -> int:
+        return self.first[stratum] if isinstance(self.first, tuple) else self.first
+
     def counts(self) -> np.ndarray:
-        return np.array([len(range(self.first, n, self.step)) for n in self.sizes], dtype=np.int64)
+        return np.array([len(range(self._first(s), n, self.step)) for s, n in enumerate(self.sizes)], dtype=np.int64)
 
     def ids(self, stratum: int) -> np.ndarray:
-        return sample_ids(self.shard, stratum, np.arange(self.first, self.sizes[stratum], self.step))
+        return sample_ids(self.shard, stratum, np.arange(self._first(stratum), self.sizes[stratum], self.step))
 
 
-def rank_shares(manifest: dict, rank: int, world: int) -> list[ShardShare]:
-    """Which samples rank `rank` trains, shard by shard, from the manifest alone: with a shard
-    count that is a multiple of the world size, all of shards r, r+W, …; otherwise every W-th
-    sample of each stratum of every shard. Every rank gets the same number of shares."""
+DEALINGS = ("whole", "split")
+
+
+def rank_shares(manifest: dict, rank: int, world: int, dealing: str = "whole") -> list[ShardShare]:
+    """Which samples rank `rank` trains, shard by shard, from the manifest alone. The one rule,
+    for any shard count: the first ⌊n/W⌋·W shards are dealt whole (rank r: shards r, r+W, …), and
+    the samples of the n mod W left over are dealt in turn, stratum by stratum, as if those shards
+    were one (every W-th sample, the turn going on from one shard to the next), so a rank reads
+    ⌊n/W⌋ + n mod W shards an epoch, not all n, and a stratum's counts differ by at most two
+    samples between ranks (`bert-data-prep` gives a stratum's extra samples to its first shards;
+    what a rank holds beyond the others' goes untrained in the epoch). Every rank gets the same
+    number of shares. "split": the rule of checkpoints made before shards were dealt whole (every
+    shard split, each from rank 0, when W does not divide n), kept so their epoch resumes exactly."""
     entries = manifest["splits"]["train"]["shards"]
-    if len(entries) % world == 0:
-        return [ShardShare(k, tuple(entries[k]["strata_counts"])) for k in range(rank, len(entries), world)]
-    return [ShardShare(k, tuple(e["strata_counts"]), rank, world) for k, e in enumerate(entries)]
+    if dealing == "split" and len(entries) % world:
+        return [ShardShare(k, tuple(e["strata_counts"]), rank, world) for k, e in enumerate(entries)]
+    whole = len(entries) // world * world
+    shares = [ShardShare(k, tuple(entries[k]["strata_counts"])) for k in range(rank, whole, world)]
+    before = np.zeros(manifest.get("num_strata", len(entries[0]["strata_counts"])), dtype=np.int64)
+    for k in range(whole, len(entries)):
+        sizes = tuple(entries[k]["strata_counts"])
+        shares.append(ShardShare(k, sizes, tuple(int(f) for f in (rank - before) % world), world))
+        before += sizes
+    return shares
+
+
+def deal_as_saved(manifest: dict, world: int) -> str:
+    """The dealing a checkpoint saved without one used: "split" only where it differs from "whole"."""
+    count = len(manifest["splits"]["train"]["shards"])
+    return "split" if count > world and count % world else "whole"
 
 
 @dataclass(frozen=True)
@@ -208,13 +234,15 @@ class StreamPlan:
     in the epoch (batch index) is enough to rebuild everything on resume."""
 
     def __init__(self, manifest: dict, rank: int, world: int, micro_batch: int, seed: int,
-                 shards_in_memory: int, where: str = "data", left: list | None = None, segment: int = 0):
+                 shards_in_memory: int, where: str = "data", left: list | None = None, segment: int = 0,
+                 dealing: str = "whole"):
         """`left`, `segment`: the plan of the rest of an epoch, after `segment` earlier layouts
-        (TrainingBatches.earlier) left these samples (samples_left); its generators are its own."""
+        (TrainingBatches.earlier) left these samples (samples_left); its generators are its own.
+        `dealing`: how whole shards go to ranks (`rank_shares`)."""
         self.rank, self.micro_batch, self.seed = rank, micro_batch, seed
         self.num_strata = manifest["num_strata"]
         self.salt = [segment] if segment else []  # the first layout's draws as they always were
-        self.shares = [rank_shares(manifest, r, world) if left is None else
+        self.shares = [rank_shares(manifest, r, world, dealing) if left is None else
                        [RemainingShare(k, ids, r, world) for k, ids in enumerate(left)] for r in range(world)]
         self.counts = np.array([[share.counts() for share in shares] for shares in self.shares])  # [W, n, S]
         n = len(self.shares[rank])
@@ -393,16 +421,17 @@ SHARDS_IN_MEMORY = 2
 
 @dataclass(frozen=True)
 class Layout:
-    """How an epoch's samples are dealt: ranks, micro-batch and shard window (each changes the
-    plan), and how many micro-batches a rank trained under it."""
+    """How an epoch's samples are dealt: ranks, micro-batch, shard window and the shard dealing
+    (each changes the plan), and how many micro-batches a rank trained under it."""
     world: int
     micro_batch: int
     shards_in_memory: int
     batches: int = 0
+    dealing: str = "whole"
 
     def deals_as(self, other: "Layout") -> bool:
-        return (self.world, self.micro_batch, self.shards_in_memory) == \
-            (other.world, other.micro_batch, other.shards_in_memory)
+        return (self.world, self.micro_batch, self.shards_in_memory, self.dealing) == \
+            (other.world, other.micro_batch, other.shards_in_memory, other.dealing)
 
 
 class TrainingBatches:
@@ -416,10 +445,11 @@ class TrainingBatches:
     between rounds); 0 holds all of them."""
 
     def __init__(self, data: ShardSet, rank: int, world: int, micro_batch: int, seed: int, num_workers: int,
-                 shards_in_memory: int = SHARDS_IN_MEMORY, mask_prob: float | None = None):
+                 shards_in_memory: int = SHARDS_IN_MEMORY, mask_prob: float | None = None, dealing: str = "whole"):
         manifest = data.manifest
         self.where = str(data.path)
-        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, self.where)
+        self.stream = StreamPlan(manifest, rank, world, micro_batch, seed, shards_in_memory, self.where,
+                                 dealing=dealing)
         self.reader = ShardReader(data.path, manifest)
         # every shard this rank will read, checked now: a missing or changed one stops the launch
         # in one line from every rank, before a step, not one rank hours later (each is checked
@@ -429,7 +459,7 @@ class TrainingBatches:
         self.manifest, self.vocab = manifest, Vocab.load(data.vocab_path)
         self.static = manifest["splits"]["train"]["masking"] == "static"
         self.rank, self.seed, self.num_workers = rank, seed, num_workers
-        self.layout = Layout(world, micro_batch, shards_in_memory)
+        self.layout = Layout(world, micro_batch, shards_in_memory, dealing=dealing)
         self.mask_prob = mask_prob  # None: the shards' own rate
         self.epoch, self.batch = 0, 0
         self.earlier: list[Layout] = []  # the epoch's earlier layouts, each with the batches it trained
@@ -443,16 +473,21 @@ class TrainingBatches:
         """Go on from a saved position; under another layout than the saved one, with the epoch's
         untrained samples, and one line that says so (None otherwise)."""
         self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-        self.earlier = [Layout(**layout) for layout in state.get("earlier", [])]
-        saved = Layout(**state["layout"]) if "layout" in state else self.layout  # older checkpoints: as before
+        self.earlier = [self._saved_layout(layout) for layout in state.get("earlier", [])]
+        saved = self._saved_layout(state["layout"]) if "layout" in state else self.layout  # older checkpoints: as before
         if saved.deals_as(self.layout):
             return None
         self.earlier.append(dataclasses.replace(saved, batches=self.batch))
         self.batch = 0
         done = sum(layout.batches * layout.world * layout.micro_batch for layout in self.earlier)
         return (f"data: {done:,} samples of epoch {self.epoch} trained on {saved.world} rank(s) × micro-batch "
-                f"{saved.micro_batch}; the rest of the epoch is dealt to {self.layout.world} rank(s) × micro-batch "
+                f"{saved.micro_batch}{' (every shard split by samples)' if saved.dealing == 'split' else ''}; "
+                f"the rest of the epoch is dealt to {self.layout.world} rank(s) × micro-batch "
                 f"{self.layout.micro_batch} (no sample repeated or skipped), the next epochs as a fresh run's")
+
+    def _saved_layout(self, saved: dict) -> Layout:
+        """A checkpoint's layout; one saved before shards were dealt whole dealt them as it did."""
+        return Layout(**{"dealing": deal_as_saved(self.manifest, saved["world"]), **saved})
 
     def current_stream(self) -> StreamPlan:
         """The plan of the current epoch under this layout: the whole epoch's, or, after earlier
@@ -464,7 +499,7 @@ class TrainingBatches:
             consumed, left = np.zeros(0, dtype=np.int64), None
             for k, layout in enumerate(self.earlier):
                 taken = [StreamPlan(self.manifest, r, layout.world, layout.micro_batch, self.seed,
-                                    layout.shards_in_memory, self.where, left, k)
+                                    layout.shards_in_memory, self.where, left, k, layout.dealing)
                          .trained(self.epoch, layout.batches) for r in range(layout.world)]
                 consumed = np.union1d(consumed, np.concatenate(taken))
                 left = samples_left(self.manifest, consumed)
