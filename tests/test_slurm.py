@@ -251,3 +251,50 @@ def test_a_bare_srun_trains_across_nodes_and_its_usr1_checkpoints_and_exits_0(sl
     summary = json.loads((run / "summary.json").read_text())
     assert summary["hosts"] == ["node1", "node2"] and summary["stopped_by"] == "signal" and summary["step"] == step
     assert (run / "checkpoints" / f"step_{step:08d}" / "progress.json").is_file()
+
+
+def test_a_job_requeued_onto_another_node_finds_rank_0_there(slurm, train_data, tmp_path):
+    """A one-node job submitted with MASTER_ADDR exported (node1's address, as preflight used to
+    print it): node2 drained, it starts on node1 and keeps the address; then node1 is drained,
+    node2 resumed, and USR1 makes the job requeue itself, onto node2, where sbatch still passes
+    node1's address: the requeued run works out node2's and goes on from its checkpoint. An
+    address of no node of the job is refused on the first start, in one line."""
+    node1, node2 = slurm.hosts.addresses[:2]
+    env = job_env(slurm, train_data, tmp_path / "run", 1000)
+    refused = slurm.sbatch("-N", "1", "--output", str(tmp_path / "job-%j.out"), str(SBATCH),
+                           env={**env, "RUN": str(tmp_path / "refused"), "MASTER_ADDR": "10.254.254.254"}, cwd=REPO)
+    run = tmp_path / "run"
+    try:
+        slurm.run("scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=test")
+        job = slurm.sbatch("-N", "1", "--output", str(tmp_path / "job-%j.out"), str(SBATCH),
+                           env={**env, "MASTER_ADDR": node1}, cwd=REPO)
+        wait_for(lambda: len(rows(run)) >= 3, 240, "the job's training on node1", lambda: log_of(tmp_path, job))
+        slurm.run("scontrol", "update", "NodeName=node1", "State=DRAIN", "Reason=test")
+        slurm.run("scontrol", "update", "NodeName=node2", "State=RESUME")
+        slurm.run("scancel", "--signal=USR1", job)
+        wait_for(lambda: resumed_at(log_of(tmp_path, job), run), 180, "the run requeued onto node2",
+                 lambda: log_of(tmp_path, job))
+        [step] = stopped_at(log_of(tmp_path, job))
+        wait_for(lambda: max(r["step"] for r in rows(run)) >= step + 2, 120, "training on node2",
+                 lambda: log_of(tmp_path, job))
+        fields = slurm.job(job)
+        slurm.run("scancel", job)
+        slurm.wait(job, {"CANCELLED", "COMPLETED"}, timeout=60)
+    finally:
+        slurm.run("scontrol", "update", "NodeName=node1,node2", "State=RESUME", check=False)
+    log = log_of(tmp_path, job)
+    assert f"job {job} (run 1) on node1: node1: 1 rank(s), from step 0; rank 0 at {node1}:" in log, log[-3000:]
+    assert (f"MASTER_ADDR={node1} (exported at submission) is not an address of node2, this requeued run's "
+            f"first node: rank 0 at {node2}") in log
+    assert f"job {job} (run 2) on node2: node2: 1 rank(s), from step {step}; rank 0 at {node2}:" in log
+    assert fields["Restarts"] == "1" and fields["NodeList"] == "node2"
+    assert [r["step"] for r in rows(run)][:step + 2] == list(range(1, step + 3))  # on from the checkpoint
+    refusal = slurm.wait(refused, {"FAILED", "COMPLETED", "CANCELLED"}, timeout=60)
+    lines = [line for line in log_of(tmp_path, refused).splitlines() if "MASTER_ADDR" in line]
+    assert refusal["JobState"] == "FAILED" and refusal["ExitCode"] == "2:0"
+    [line] = lines
+    node = refusal["NodeList"]
+    assert line.startswith(f"pretrain.sbatch: MASTER_ADDR=10.254.254.254 is not an address of {node}, the job's "
+                           "first node, where rank 0 runs (") and "submit without it" in line
+    assert slurm.hosts.addresses[slurm.hosts.hosts.index(node)] in line
+    assert not (tmp_path / "refused").exists()

@@ -529,7 +529,8 @@ def interface_plan(where: list[dict], routes: dict[str, dict[str, str | None]], 
                 f"{h}: {reach[h]}" for h in hosts if reach[h]) + "); set it in each host's own environment")
         if master_iface and master_iface in rank0["addresses"]:
             lines.append(f"  MASTER_ADDR={rank0['addresses'][master_iface]}   "
-                         f"(deepspeed: --master_addr; rank 0's host, {rank0['host']}, on {master_iface})")
+                         f"(deepspeed: --master_addr; rank 0's host, {rank0['host']}, on {master_iface}; "
+                         f"not for Slurm: pretrain.sbatch works it out on every start)")
     return lines, problems, blocking
 
 
