@@ -441,7 +441,7 @@ def test_problem_lines_from_measurements():
     lines, problems, blocking = interface_plan(where, {"a": {"b": "eth0"}, "b": {"a": "ens5"}}, "nccl")
     assert lines[:2] == ["a: eth0 10.0.0.1 reaches b", "b: ens5 10.0.0.2 reaches a"]
     assert "  NCCL_SOCKET_IFNAME=ens5,eth0" in lines and "  MASTER_ADDR=10.0.0.1   (deepspeed: --master_addr; " \
-        "rank 0's host, a, on eth0)" in lines
+        "rank 0's host, a, on eth0; not for Slurm: pretrain.sbatch works it out on every start)" in lines
     assert any(line.startswith("  GLOO_SOCKET_IFNAME: the hosts' interfaces differ (a: eth0, b: ens5)") for line in lines)
     assert problems == ["a: NCCL_SOCKET_IFNAME=docker0 does not reach the other hosts (a reaches them through eth0); "
                         "set NCCL_SOCKET_IFNAME=eth0"] and blocking
