@@ -298,3 +298,31 @@ def test_a_job_requeued_onto_another_node_finds_rank_0_there(slurm, train_data, 
                            "first node, where rank 0 runs (") and "submit without it" in line
     assert slurm.hosts.addresses[slurm.hosts.hosts.index(node)] in line
     assert not (tmp_path / "refused").exists()
+
+
+def test_the_job_picks_bf16_or_fp16_from_the_gpus_on_its_nodes(slurm, train_data, tmp_path):
+    """With CONFIG unset, pretrain.sbatch asks each compute node's nvidia-smi for its GPUs'
+    compute capabilities and takes the _bf16 config only where every card has bf16 (8.0 and up).
+    These nodes have no GPU: an nvidia-smi on PATH answers for two cards from FAKE_CAPS, the
+    only part not real; each job is cancelled once its first line says what it trains."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text('#!/bin/sh\ncase "$*" in\n  -L) echo "GPU 0: A"; echo "GPU 1: B" ;;\n'
+                    '  *compute_cap*) echo "$FAKE_CAPS" | tr , "\\n" ;;\nesac\n')
+    fake.chmod(0o755)
+    jobs = {}
+    for caps in ("8.6,7.5", "8.6,8.0"):
+        env = job_env(slurm, train_data, tmp_path / caps, 10)
+        env.pop("CONFIG")
+        env.update(MODEL="base", RANKS_PER_NODE="1", FAKE_CAPS=caps, PATH=f"{bin_dir}:{env['PATH']}")
+        jobs[caps] = slurm.sbatch("-N", "1", "--output", str(tmp_path / "job-%j.out"), str(SBATCH), env=env, cwd=REPO)
+    lines = {}
+    for caps, job in jobs.items():
+        lines[caps] = wait_for(lambda: [line for line in log_of(tmp_path, job).splitlines() if "(run 1)" in line],
+                               60, "the job's first line", lambda: log_of(tmp_path, job))[0]
+        slurm.run("scancel", job)
+    assert lines["8.6,7.5"].endswith("; ds_configs/bert_base_phase1_lamb_fp16.json: fp16: a GPU without bf16 "
+                                     "(compute capability 7.5 8.6; bf16 needs 8.0)")
+    assert lines["8.6,8.0"].endswith("; ds_configs/bert_base_phase1_lamb_bf16.json: bf16: every GPU has it "
+                                     "(compute capability 8.0 8.6)")
