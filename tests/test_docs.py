@@ -52,7 +52,8 @@ COMMAND_PAGES = ("README.md", *[str(p.relative_to(REPO)) for p in sorted((REPO /
 # read by Slurm, the collectives' libraries or the shell, not by the repository's scripts
 OUTSIDE_VARIABLES = {"PATH", "SLURM_CONF", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_ENV_FILE",
                      "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
-SHELL_ONLY = {"source", "squeue", "scontrol", "cd", "srun", "tail"}  # not ours, nothing to parse
+SHELL_ONLY = {"source", "squeue", "scontrol", "cd", "tail"}  # not ours, nothing to parse
+SRUN_SWITCHES = {"--pty", "--exclusive", "-l", "--label", "--overlap"}  # srun's options that take no value
 
 
 def shell_commands(markdown: str) -> list[list[str]]:
@@ -83,6 +84,12 @@ def parse_or_run(words: list[str], capsys) -> str:
         while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
             name, _, value = words.pop(0).partition("=")
             env[name] = value
+    if words[:1] == ["srun"]:  # srun's own options, then the command it runs, parsed as such
+        words = words[1:]
+        while words and words[0].startswith("-"):
+            words = words[1 if "=" in words[0] or words[0] in SRUN_SWITCHES else 2:]
+        if not words:
+            return ""
     program, args = words[0], words[1:]
     if program in SHELL_ONLY or (program.endswith("python") and args[:2] == ["-m", "pytest"]):
         return ""
