@@ -37,7 +37,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # namespace hosts, mounts or fixed ports; every other module goes whole to whichever is free.
 WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_modes", "test_training_paths",
                                   "test_plateau"], "shared_runs"),
-                 **dict.fromkeys(["test_multihost", "test_launcher", "test_plan", "test_checkpoints_on_a_cluster"],
+                 **dict.fromkeys(["test_multihost", "test_launcher", "test_plan", "test_checkpoints_on_a_cluster",
+                                  "test_rehearsal"],
                                  "on_hosts"),
                  **dict.fromkeys(["test_data", "test_model"], "datasets")}
 

@@ -26,6 +26,7 @@ measures links and compute but trains nothing of the job's.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -184,7 +185,8 @@ def writable_everywhere(run_dir: Path) -> Check:
     except OSError as exc:
         problem = f"cannot write {run_dir} ({exc.strerror or exc})"
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only file system even a missing file's unlink fails
+            probe.unlink(missing_ok=True)
     views = [None] * dist.get_world_size()
     dist.all_gather_object(views, (rank, host, problem))
     hosts = sorted({h for _, h, _ in views})
@@ -278,7 +280,7 @@ def speed_check(rows: dict[int, dict], device: torch.device, real_steps: int, ac
               f"= {mfu:.0%} of the slowest rank's matmul peak ({least_peak:.3g}; bert-plan assumes {PLAN_MFU:.0%}); "
               f"the job's {real_steps:,} steps × {accumulation} micro-batches: at most "
               f"{f'{days:.2f} days' if days >= 1 else f'{days * 24:.2g} hours'}, "
-              f"{days * 24 * world:,.0f} {'GPU' if device.type == 'cuda' else 'rank'}-hours")
+              f"{days * 24 * world:,.3g} {'GPU' if device.type == 'cuda' else 'rank'}-hours")
     if device.type == "cuda" and mfu is not None and mfu < PLAN_MFU / 2:
         return Check("speed", False, detail, "under half the plan's MFU: see data_wait_s in RUN/rehearsal/"
                      "metrics.jsonl (more --num-workers), the precision, and bert-plan preflight's slow ranks"), facts

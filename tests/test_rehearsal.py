@@ -1,0 +1,146 @@
+"""`train.py --rehearse`: the job's own launch, config, data and output directory for a few steps,
+on three namespace hosts of 2, 2 and 1 ranks (tools/netns_cluster.py): the rehearsal passes under
+bert-launch across the hosts, and each fault a cluster meets makes its own line fail, with its fix:
+an output directory one host cannot write, a disk too small for the kept checkpoints, a
+micro-batch the memory plan says does not fit, an interface that does not reach the other hosts.
+The faults run on ranks forked onto the hosts (conftest.ForkedRanks): they stop before a step."""
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+from conftest import COMMON, REPO, ForkedRanks, changed, free_port
+
+BERT_LAUNCH = str(Path(sys.executable).parent / "bert-launch")
+CLONE_NEWNS = 0x00020000
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    sys.path.insert(0, str(REPO))
+    from tools.netns_cluster import Cluster, unavailable_reason
+    if reason := unavailable_reason():
+        pytest.skip(f"multi-host tests: {reason}")
+    cluster = Cluster.up(tmp_path_factory.mktemp("cluster"), hosts=3, slots=[2, 2, 1])
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def job(data, run, *extra) -> list[str]:
+    return [*map(str, COMMON), "--data", str(data), "--output-dir", str(run), "--max-steps", "300",
+            "--dist-timeout-minutes", "1", *map(str, extra)]
+
+
+def table(out: str) -> dict[str, str]:
+    """The rehearsal's lines by check: 'pass', 'FAIL' or '----' and the rest of the line."""
+    lines = {}
+    for line in out.splitlines():
+        words = re.sub(r"^\S+: (?=(pass|FAIL|----) )", "", line).split(None, 1)  # pdsh's "node1: "
+        if words and words[0] in ("pass", "FAIL", "----") and len(words) > 1:
+            name = next((n for n in NAMES if words[1].startswith(n)), None)
+            if name:
+                lines[name] = words[0]
+    return lines
+
+
+NAMES = ("allreduce", "memory plan", "output directory", "disk", "loss falling", "checkpoint", "relaunch",
+         "export", "speed", "memory")
+
+
+def forked(hosts, *args, node=None, env=None) -> subprocess.CompletedProcess:
+    """The job on 5 ranks forked onto the hosts, 2, 2 and 1; `node`: what host 3's ranks do after
+    entering it; `env`: every rank's environment beside the host's."""
+    def on(h):
+        hosts.enter(h)
+        os.environ.update(env or {})
+        if h == 2 and node:
+            node()
+    return ForkedRanks(5, *args, ranks_per_node=[2, 2, 1], nodes=[partial(on, h) for h in range(3)],
+                       master_addr=hosts.addresses[0], as_launched=True).wait()
+
+
+def test_the_rehearsal_of_the_job_passes_across_three_hosts(hosts, train_data, tmp_path):
+    """bert-launch --hostfile (DeepSpeed's pdsh launcher, ssh to each host) with the job's flags
+    and --rehearse: every line passes, the records stay in RUN/rehearsal, and nothing is left that
+    --resume auto would read."""
+    run = tmp_path / "run"
+    proc = subprocess.run([*hosts.exec_prefix(0), BERT_LAUNCH, "--hostfile", str(hosts.hostfile), "--master_port",
+                           str(free_port()), "train.py", *job(train_data, run, "--num-workers", 1, "--rehearse")],
+                          cwd=REPO, env=hosts.env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert table(proc.stdout) == dict.fromkeys(NAMES, "pass"), proc.stdout[-4000:]
+    report = json.loads((run / "rehearsal" / "report.json").read_text())
+    assert report["passed"] and report["world_size"] == 5 and report["steps"] == 8
+    assert "output directory" in report["checks"][2]["name"] and "node1, node2, node3" in report["checks"][2]["detail"]
+    relaunch = next(c for c in report["checks"] if c["name"] == "relaunch")["detail"]
+    assert "read back by all 5 ranks" in relaunch
+    assert not (run / "checkpoints").exists() and not (run / "rehearsal" / "checkpoints").exists()
+    assert not (run / "rehearsal" / "hf_model").exists()
+    (tmp_path.parent / "rehearsal_output.txt").write_text(proc.stdout)  # for docs/recipe_bert_base.md
+
+
+def read_only(directory: Path) -> None:
+    """This process's view of `directory` made read-only, in a mount namespace of its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.unshare(CLONE_NEWNS) == 0
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], check=True)
+
+
+def test_an_output_directory_one_host_cannot_write_fails_its_line(hosts, train_data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = forked(hosts, *job(train_data, out / "run", "--rehearse"), node=partial(read_only, out))
+    lines = table(proc.stdout)
+    assert proc.returncode == 1 and lines["output directory"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert lines["allreduce"] == lines["memory plan"] == "pass" and lines["relaunch"] == "----"
+    assert "node3: cannot write" in proc.stdout and "fix: make" in proc.stdout and "node1" not in \
+        proc.stdout.split("node3: cannot write")[1].splitlines()[0].split("fix")[0]
+
+
+def test_a_disk_too_small_for_the_kept_checkpoints_fails_its_line(hosts, train_data, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], check=True)
+    try:
+        proc = forked(hosts, *job(train_data, disk / "run", "--rehearse"))
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    lines = table(proc.stdout)
+    assert proc.returncode == 1 and lines["disk"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert lines["output directory"] == lines["memory plan"] == "pass" and lines["checkpoint"] == "----"
+    assert "3 checkpoint(s) of" in proc.stdout and "--keep-checkpoints" in proc.stdout
+
+
+def test_a_micro_batch_the_plan_says_does_not_fit_fails_its_line(hosts, train_data, tmp_path):
+    config = tmp_path / "large.json"
+    config.write_text(json.dumps(changed(json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text()),
+                                         {"train_micro_batch_size_per_gpu": 512})))
+    proc = forked(hosts, *job(train_data, tmp_path / "run", "--rehearse"), "--deepspeed_config", config,
+                  "--model", "large")
+    lines = table(proc.stdout)
+    assert proc.returncode == 1 and lines["memory plan"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert lines["allreduce"] == lines["output directory"] == lines["disk"] == "pass"
+    assert "micro-batch 512: rank" in proc.stdout and "bert-plan fit" in proc.stdout
+
+
+def test_an_interface_that_does_not_reach_the_others_is_said_before_the_first_collective(hosts, train_data,
+                                                                                         tmp_path):
+    """Each host also has docker0 at 172.17.0.1, and the ranks are told GLOO_SOCKET_IFNAME=docker0."""
+    hosts.add_decoy_interface()
+    try:
+        proc = forked(hosts, *job(train_data, tmp_path / "run", "--rehearse"), env={"GLOO_SOCKET_IFNAME": "docker0"})
+    finally:
+        hosts.add_decoy_interface(remove=True)
+    assert proc.returncode != 0
+    assert ("problem: node2: GLOO_SOCKET_IFNAME=docker0 does not reach the other hosts (node2 reaches them "
+            "through eth0); set GLOO_SOCKET_IFNAME=eth0") in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
