@@ -456,19 +456,29 @@ def test_problem_lines_from_measurements():
     assert "a: eth0; b: docker0" in line and "GLOO_SOCKET_IFNAME" in line
 
 
-def test_preflight_names_the_host_that_never_joins(tmp_path):
-    """Rank 0 of 2 alone, under a parent that holds DeepSpeed's --world_info as launch.py does:
-    after --join-timeout it names the host whose rank did not come, and writes nothing."""
+@pytest.mark.parametrize("launcher", ["deepspeed", "srun"])
+def test_preflight_names_the_host_that_never_joins(tmp_path, launcher):
+    """Rank 0 of 2 alone, as DeepSpeed's launch.py starts it (its parent holds --world_info) or as
+    srun does (the step's node list and tasks a node): after --join-timeout it names the host
+    whose rank did not come, and writes nothing."""
     import base64
+    import os
     world_info = base64.urlsafe_b64encode(json.dumps({"nodeA": [0], "nodeB": [0]}).encode()).decode()
     out = tmp_path / "profile.json"
     rank0 = [sys.executable, "-m", "commodity_bert.plan", "preflight", "--model", "tiny", "--join-timeout", "3",
              "--out", str(out)]
-    parent = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:-1]))",
-              *rank0, f"--world_info={world_info}"]
-    env = {**__import__("os").environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.run(parent, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if launcher == "deepspeed":
+        command = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:-1]))",
+                   *rank0, f"--world_info={world_info}"]
+        env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    else:
+        command = rank0
+        env.update(SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="2", SLURM_NODEID="0", SLURM_LOCALID="0",
+                   SLURM_STEP_NODELIST="nodeA,nodeB", SLURM_STEP_TASKS_PER_NODE="1(x2)")
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK"):
+            env.pop(name, None)
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert ("bert-plan preflight: problem: host unreachable: nodeB (rank 1) did not join within 3 s"
             in proc.stdout), proc.stdout + proc.stderr

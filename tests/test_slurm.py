@@ -326,3 +326,41 @@ def test_the_job_picks_bf16_or_fp16_from_the_gpus_on_its_nodes(slurm, train_data
                                      "(compute capability 7.5 8.6; bf16 needs 8.0)")
     assert lines["8.6,8.0"].endswith("; ds_configs/bert_base_phase1_lamb_bf16.json: bf16: every GPU has it "
                                      "(compute capability 8.0 8.6)")
+
+
+def test_the_rehearsal_of_the_job_runs_under_slurm_and_ends_without_a_requeue(slurm, train_data, tmp_path):
+    """REHEARSE=1: pretrain.sbatch runs the job's train.py with --rehearse on its allocation (srun,
+    one bert-launch a node, no ssh) and ends with the rehearsal's status: no requeue, no checkpoint
+    in RUN/checkpoints for the real job to resume."""
+    run = tmp_path / "run"
+    job = slurm.sbatch("-N", "2", "--output", str(tmp_path / "job-%j.out"), str(SBATCH),
+                       env={**job_env(slurm, train_data, run, 300), "REHEARSE": "1"}, cwd=REPO)
+    fields = slurm.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    log = log_of(tmp_path, job)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", log[-4000:]
+    assert "pretrain.sbatch: rehearsing the job: train.py --rehearse" in log and "rehearsal: passed" in log
+    report = json.loads((run / "rehearsal" / "report.json").read_text())
+    assert report["passed"] and report["world_size"] == 2
+    assert "node1, node2" in next(c for c in report["checks"] if c["name"] == "output directory")["detail"]
+    assert not (run / "checkpoints").exists() and "requeue" not in log
+
+
+def test_preflight_runs_under_srun_alone_and_names_the_hosts(slurm, tmp_path):
+    """bert-plan preflight as `srun python -m commodity_bert.plan preflight` inside an allocation:
+    no pdsh, no ssh; each rank takes its place from srun's variables, and the hosts, their
+    interfaces and the lines to paste are named."""
+    out = tmp_path / "profile.json"
+    command = shlex.join([sys.executable, "-m", "commodity_bert.plan", "preflight", "--model", "tiny", "--seq-len", "32",
+                          "--micro-batch", "2", "--steps", "1", "--vocab-size", "2000", "--sizes-mb", "1",
+                          "--link-mb", "1", "--out", str(out)])
+    job = slurm.sbatch("-N", "2", "--ntasks-per-node", "1", "--chdir", str(REPO), "--output",
+                       str(tmp_path / "job-%j.out"), "--wrap", f"srun {command}", env=slurm.env(GLOO_SOCKET_IFNAME="eth0"))
+    fields = slurm.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
+    log = log_of(tmp_path, job)
+    assert out.exists(), log[-4000:]
+    profile = json.loads(out.read_text())
+    assert [r["host"] for r in profile["ranks"]] == ["node1", "node2"] and profile["hosts"] == 2
+    assert (fields["JobState"] == "COMPLETED") == (not profile["problems"]), log[-3000:]  # a busy core may flag a slow rank
+    addresses = slurm.hosts.addresses
+    assert f"node1: eth0 {addresses[0]} reaches node2" in log and f"node2: eth0 {addresses[1]} reaches node1" in log
+    assert f"  MASTER_ADDR={addresses[0]}   " in log

@@ -77,13 +77,20 @@ def device_name(device: torch.device) -> str:
 
 
 def launcher_hosts() -> list[tuple[str, int]] | None:
-    """(host, ranks on it) in rank order, from DeepSpeed's launch.py (our parent) --world_info."""
+    """(host, ranks on it) in rank order, from DeepSpeed's launch.py (our parent) --world_info, or
+    from srun's step (its node list and tasks a node: srun places ranks node by node)."""
     with contextlib.suppress(Exception):
         import psutil
         for arg in psutil.Process(os.getppid()).cmdline():
             if arg.startswith("--world_info="):
                 info = json.loads(base64.urlsafe_b64decode(arg.split("=", 1)[1]))
                 return [(host, len(slots)) for host, slots in info.items()]
+    if "SLURM_STEP_NODELIST" in os.environ and "SLURM_STEP_TASKS_PER_NODE" in os.environ:
+        from commodity_bert.launcher_env import expand_counts, expand_hostlist
+        hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+        counts = expand_counts(os.environ["SLURM_STEP_TASKS_PER_NODE"])
+        if len(hosts) == len(counts):
+            return list(zip(hosts, counts))
     return None
 
 
