@@ -52,7 +52,7 @@ COMMAND_PAGES = ("README.md", *[str(p.relative_to(REPO)) for p in sorted((REPO /
 # read by Slurm, the collectives' libraries or the shell, not by the repository's scripts
 OUTSIDE_VARIABLES = {"PATH", "SLURM_CONF", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DS_ENV_FILE",
                      "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
-SHELL_ONLY = {"source", "squeue", "scontrol", "cd", "tail"}  # not ours, nothing to parse
+SHELL_ONLY = {"source", "squeue", "scontrol", "salloc", "cd", "tail"}  # not ours, nothing to parse
 SRUN_SWITCHES = {"--pty", "--exclusive", "-l", "--label", "--overlap"}  # srun's options that take no value
 
 
