@@ -144,3 +144,42 @@ def test_an_interface_that_does_not_reach_the_others_is_said_before_the_first_co
     assert ("problem: node2: GLOO_SOCKET_IFNAME=docker0 does not reach the other hosts (node2 reaches them "
             "through eth0); set GLOO_SOCKET_IFNAME=eth0") in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name, late", [
+    ("bert_base_phase1_lamb_bf16", {}),
+    ("bert_base_phase1_onebit_lamb_bf16", {"optimizer.params.freeze_step": 2}),
+    ("bert_base_phase1_zero_one_adam_bf16", {"optimizer.params.var_freeze_step": 2}),
+    ("bert_base_phase1_diloco_lamb_bf16", {"commodity_bert.diloco.inner_steps": 2}),
+])
+def test_the_rehearsal_config_runs_every_kind_of_step_within_its_steps(name, late):
+    """8 steps of the micro-batch, accumulation 1, the schedule's warm-up in the job's proportion,
+    and the stages the job starts late (a freeze, DiLoCo's rounds) started within them; the
+    config still passes train.py's checks on any world size."""
+    from commodity_bert.train.launch_checks import check_deepspeed_config
+    from commodity_bert.train.rehearsal import rehearsal_config
+    given = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
+    config = rehearsal_config(given, 8)
+    assert "train_batch_size" not in config and config["gradient_accumulation_steps"] == 1
+    assert config["train_micro_batch_size_per_gpu"] == given["train_micro_batch_size_per_gpu"]
+    params = config["scheduler"]["params"]
+    job = given["scheduler"]["params"]
+    assert params["total_num_steps"] == 8
+    assert params["warmup_num_steps"] == max(1, round(8 * job["warmup_num_steps"] / job["total_num_steps"]))
+    for dotted, value in late.items():
+        node = config
+        for key in dotted.split("."):
+            node = node[key]
+        assert node == value
+    assert "freeze_max_step" not in config["optimizer"]["params"]
+    batch = check_deepspeed_config(config, 5)
+    assert (batch.micro, batch.accumulation, batch.total) == (given["train_micro_batch_size_per_gpu"], 1,
+                                                              5 * given["train_micro_batch_size_per_gpu"])
+
+
+def test_the_rehearsals_runs_take_the_jobs_command_less_what_would_outlast_them():
+    import train
+    argv = ["--local_rank=0", "--deepspeed_config", "c.json", "--rehearse", "6", "--data", "d", "--time-budget", "2h",
+            "--watch-downstream", "--task embedded:polarity", "--rehearse=4", "--output-dir", "r", "--rehearse"]
+    assert train.without_flags(argv, {"--rehearse": -1, "--watch-downstream": 1, "--time-budget": 1}) == \
+        ["--local_rank=0", "--deepspeed_config", "c.json", "--data", "d", "--output-dir", "r"]
