@@ -1,9 +1,10 @@
 """`train.py --rehearse`: the job's own launch, config, data and output directory for a few steps,
-on three namespace hosts of 2, 2 and 1 ranks (tools/netns_cluster.py): the rehearsal passes under
-bert-launch across the hosts, and each fault a cluster meets makes its own line fail, with its fix:
+on three namespace hosts of 2, 2 and 1 ranks (tools/netns_cluster.py): the rehearsal passes, and
+each fault a cluster meets makes its own line fail, with its fix:
 an output directory one host cannot write, a disk too small for the kept checkpoints, a
 micro-batch the memory plan says does not fit, an interface that does not reach the other hosts.
-The faults run on ranks forked onto the hosts (conftest.ForkedRanks): they stop before a step."""
+Ranks are forked onto the hosts (conftest.ForkedRanks): the launch is the Slurm test's subject
+(test_slurm.py rehearses through srun and bert-launch)."""
 import ctypes
 import json
 import os
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 from conftest import COMMON, REPO, ForkedRanks, changed, free_port
 
-BERT_LAUNCH = str(Path(sys.executable).parent / "bert-launch")
 CLONE_NEWNS = 0x00020000
 
 
@@ -67,23 +67,20 @@ def forked(hosts, *args, node=None, env=None) -> subprocess.CompletedProcess:
 
 
 def test_the_rehearsal_of_the_job_passes_across_three_hosts(hosts, train_data, tmp_path):
-    """bert-launch --hostfile (DeepSpeed's pdsh launcher, ssh to each host) with the job's flags
-    and --rehearse: every line passes, the records stay in RUN/rehearsal, and nothing is left that
-    --resume auto would read."""
+    """The job's flags and --rehearse on 5 ranks forked onto the hosts (the launch is not the
+    subject here: the Slurm test rehearses through srun and bert-launch): every line passes, the
+    records stay in RUN/rehearsal, and nothing is left that --resume auto would read."""
     run = tmp_path / "run"
-    proc = subprocess.run([*hosts.exec_prefix(0), BERT_LAUNCH, "--hostfile", str(hosts.hostfile), "--master_port",
-                           str(free_port()), "train.py", *job(train_data, run, "--num-workers", 1, "--rehearse")],
-                          cwd=REPO, env=hosts.env, capture_output=True, text=True, timeout=600)
+    proc = forked(hosts, *job(train_data, run, "--rehearse"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert table(proc.stdout) == dict.fromkeys(NAMES, "pass"), proc.stdout[-4000:]
     report = json.loads((run / "rehearsal" / "report.json").read_text())
     assert report["passed"] and report["world_size"] == 5 and report["steps"] == 8
-    assert "output directory" in report["checks"][2]["name"] and "node1, node2, node3" in report["checks"][2]["detail"]
+    assert "node1, node2, node3" in next(c for c in report["checks"] if c["name"] == "output directory")["detail"]
     relaunch = next(c for c in report["checks"] if c["name"] == "relaunch")["detail"]
     assert "read back by all 5 ranks" in relaunch
     assert not (run / "checkpoints").exists() and not (run / "rehearsal" / "checkpoints").exists()
     assert not (run / "rehearsal" / "hf_model").exists()
-    (tmp_path.parent / "rehearsal_output.txt").write_text(proc.stdout)  # for docs/recipe_bert_base.md
 
 
 def read_only(directory: Path) -> None:
