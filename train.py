@@ -17,10 +17,8 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import socket
-import statistics
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -60,7 +58,7 @@ from commodity_bert.model.sections import activation_checkpointing, attention_la
 from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale, loss_for_backward
 from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY, read_run_config
-from commodity_bert.train import checkpoint, downstream_watcher, failures, rehearsal, run_lock
+from commodity_bert.train import checkpoint, downstream_watcher, failures, run_lock
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
@@ -85,7 +83,6 @@ from commodity_bert.train.schedule import parse_duration
 
 
 DEFAULT_MODEL = "base"  # --model's, where --init-from does not give the shape
-REHEARSAL_JOIN_S = 120.0  # how long the rehearsal waits for every rank to join
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,10 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (DeepSpeed's engine.compile; dynamic shapes): see docs/training.md")
     p.add_argument("--export-only", action="store_true", help="export RUN/hf_model from the checkpoint and exit")
-    p.add_argument("--rehearse", type=int, nargs="?", const=rehearsal.DEFAULT_STEPS, metavar="STEPS",
-                   help="rehearse this exact job before running it: STEPS steps (default %(const)s) of its micro-batch "
-                        "in RUN/rehearsal/, a checkpoint, a relaunch from it, the export, the disk, memory and speed "
-                        "checked; one pass/fail table (docs/training.md, Rehearsal). RUN/checkpoints is not touched")
     p.add_argument("--eval-batches", type=int, default=0, metavar="N",
                    help="validate on each rank's first N micro-batches of the held-out split (0: all of it)")
     p.add_argument("--watch-downstream", metavar="FINETUNE_ARGS",
@@ -261,17 +254,7 @@ def join_the_ranks(args) -> torch.device:
             print(f"removed {stale}: an interrupted compile of DeepSpeed's CPU op left it", flush=True)
     timeout = timedelta(minutes=args.dist_timeout_minutes)
     failures.groups_time_out_after(timeout)
-    backend = "nccl" if on_cuda else "gloo"
-    if args.rehearse and not dist.is_initialized():
-        # preflight's meeting: a host missing, or an interface that does not reach the others, is
-        # said in one line before the first collective, which would hang on it
-        from commodity_bert.plan.preflight import check_interfaces, rendezvous
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        store = rendezvous(rank, world, REHEARSAL_JOIN_S)
-        check_interfaces(store, rank, world, backend, REHEARSAL_JOIN_S)
-        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
-                                timeout=timeout)
-    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+    deepspeed.init_distributed(dist_backend="nccl" if on_cuda else "gloo", timeout=timeout)
     hosts = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
     failures.start_heartbeat(hosts)
@@ -557,9 +540,6 @@ def main(argv: list[str] | None = None) -> None:
     one process, so that GPU time does not pay a launch per check)."""
     adopt_launcher_environment()  # torchrun's or srun's names for the rank, before --local_rank's default is read
     args = parse_args(argv)
-    if args.rehearse:
-        rehearse(sys.argv[1:] if argv is None else list(map(str, argv)), args)
-        return
     run_dir = Path(args.output_dir)
     failures.keep_tracebacks_in(run_dir / "errors")
     device = join_the_ranks(args)
@@ -722,116 +702,6 @@ def main(argv: list[str] | None = None) -> None:
     dist.barrier()
     if held:
         held.release()
-
-
-def without_flags(argv: list[str], flags: dict[str, int]) -> list[str]:
-    """argv less each of `flags` (name: how many values it takes; -1: an optional one)."""
-    kept, i = [], 0
-    while i < len(argv):
-        name = argv[i].split("=", 1)[0]
-        if name in flags:
-            takes = flags[name]
-            if "=" in argv[i]:
-                takes = 0
-            elif takes < 0:
-                takes = 1 if i + 1 < len(argv) and argv[i + 1].isdigit() else 0
-            i += 1 + takes
-            continue
-        kept.append(argv[i])
-        i += 1
-    return kept
-
-
-def rehearse(argv: list[str], args) -> None:
-    """--rehearse: the job's own launch, config, data and output directory, checked before a step,
-    then a straight run and a relaunch in RUN/rehearsal/ (commodity_bert/train/rehearsal.py)."""
-    steps = max(4, args.rehearse + args.rehearse % 2)
-    run_dir = Path(args.output_dir)
-    here = run_dir / rehearsal.REHEARSAL_DIR
-    device = join_the_ranks(args)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    inputs = check_inputs(args, device)
-    say(f"rehearsal: {steps} steps of micro-batch {inputs.batch.micro} on {world} rank(s), accumulation 1 "
-        f"(the job's: {inputs.accumulation}), in {here}")
-    if rank == 0 and here.exists():
-        shutil.rmtree(here)  # an earlier rehearsal's: the rehearsal's own directory, never the run's
-    dist.barrier()
-    precision = inputs.config.precision
-    dtypes = [torch.float32] + ([{"bf16": torch.bfloat16, "fp16": torch.float16}[precision]]
-                                if precision in ("bf16", "fp16") and device.type == "cuda" else [])
-    checks = [rehearsal.allreduce_exact(device, dtypes)]
-    memory_check, planned = rehearsal.memory_before(inputs.model_config, inputs.config, inputs.data.manifest["seq_len"],
-                                                       device, inputs.data.nsp)
-    checks += [memory_check, rehearsal.writable_everywhere(here)]
-    from commodity_bert.plan.memory import Setup, Shape, state_bytes
-    params = Shape.of(inputs.model_config, nsp=inputs.data.nsp).params
-    state = state_bytes(params, Setup.of(inputs.config), 1)
-    estimate = sum(state.values()) + state["exchange"] * (world - 1)
-    checks.append(rehearsal.disk_check(here, estimate, args.keep_checkpoints, params * 4, measured=False))
-    facts = {"steps": steps, "world_size": world, "micro_batch": inputs.batch.micro,
-             "job_accumulation": inputs.accumulation, "job_steps": inputs.max_steps}
-
-    def finish() -> None:
-        if rank == 0:
-            say("rehearsal:", *rehearsal.table(checks))
-            rehearsal.write_report(here, checks, facts)
-        passed = all(c.ok for c in checks)
-        say(f"rehearsal: {'passed' if passed else 'FAILED'}; {here / 'report.json'}")
-        leave(0 if passed else 1)
-
-    later = ["loss falling", "checkpoint", "relaunch", "export", "speed", "memory"]
-    if not all(c.ok for c in checks):
-        checks += [rehearsal.Check(name, None, "not run: an earlier check failed") for name in later]
-        finish()
-    if rank == 0:
-        here.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(here / "ds_config.json",
-                          json.dumps(rehearsal.rehearsal_config(inputs.config.given, steps), indent=1))
-    dist.barrier()
-    base = without_flags(argv, {"--rehearse": -1, "--watch-downstream": 1, "--time-budget": 1})
-    quiet = ["--deepspeed_config", str(here / "ds_config.json"), "--save-every-minutes", "0", "--log-every", "1",
-             "--eval-every", "0", "--eval-batches", "2", "--plateau-check-samples", "0"]
-    half = steps // 2
-    main([*base, *quiet, "--output-dir", str(here), "--resume", "none", "--max-steps", str(steps),
-          "--save-every", str(half), "--keep-checkpoints", "2"])
-    straight = rehearsal.loss_rows(here)
-    first, last = straight[1]["loss"], statistics.median(straight[s]["loss"] for s in (steps - 1, steps))
-    checks.append(rehearsal.Check("loss falling", last < first,
-                                  f"{first:.4f} at step 1, {last:.4f} at steps {steps - 1}–{steps}",
-                                  "" if last < first else "check the rate and warm-up of the config and the data"))
-    node_local = not checkpoint.storage_is_shared(here)
-    tag = f"step_{half:08d}"
-    sizes = [None] * world
-    dist.all_gather_object(sizes, rehearsal.directory_bytes(here / CHECKPOINTS / tag))
-    disk = rehearsal.disk_check(here, max(sizes), args.keep_checkpoints, rehearsal.directory_bytes(here / HF_MODEL),
-                                measured=True, already_used=rehearsal.directory_bytes(here))
-    checks.append(rehearsal.Check("checkpoint", disk.ok, f"{tag} in {here / CHECKPOINTS}"
-                                  f"{' on every node (node-local)' if node_local else ''}; " + disk.detail, disk.fix))
-    exported = [rehearsal.export_loads(here / HF_MODEL) if rank == 0 else None]
-    dist.broadcast_object_list(exported, src=0)
-    if checkpoint.is_writer(node_local):  # the relaunch goes on from halfway, as a job requeued there would
-        atomic_write_text(here / CHECKPOINTS / "latest", tag)
-    dist.barrier()
-    main([*base, *quiet, "--output-dir", str(here / "relaunch"), "--resume", str(here / CHECKPOINTS),
-          "--max-steps", str(half + 1), "--save-every", "0", "--keep-checkpoints", "1"])
-    again = rehearsal.loss_rows(here / "relaunch").get(half + 1, {}).get("loss")
-    want = straight[half + 1]["loss"]
-    same = again is not None and abs(again - want) <= 1e-6 * max(1.0, abs(want))
-    checks.append(rehearsal.Check(
-        "relaunch", same, f"from {tag}, read back by all {world} ranks: step {half + 1}'s loss {again} against the "
-        f"straight run's {want}", "" if same else "a relaunch does not resume exactly: report it with "
-        f"{here} (metrics.jsonl of both runs)"))
-    checks.append(exported[0])
-    speed, measured = rehearsal.speed_check(straight, device, inputs.max_steps, inputs.accumulation, world,
-                                            inputs.batch.micro * world, precision)
-    summary = json.loads((here / SUMMARY).read_text())
-    checks += [speed, rehearsal.memory_after(summary, planned, device)]
-    facts.update(measured)
-    if checkpoint.is_writer(node_local) or rank == 0:  # the big files go; the records stay
-        for big in (here / CHECKPOINTS, here / HF_MODEL, here / "relaunch" / CHECKPOINTS, here / "relaunch" / HF_MODEL):
-            shutil.rmtree(big, ignore_errors=True)
-    dist.barrier()
-    finish()
 
 
 def run_as_a_rank(argv: list[str] | None = None) -> None:

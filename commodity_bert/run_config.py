@@ -42,14 +42,18 @@ class Section:
     name: str
     defaults: dict
     check: Callable[[dict, "RunConfig"], str | None] = lambda settings, config: None
+    # the section as given, for a rehearsal of a few steps (RunConfig.rehearsed): what it starts
+    # late started within the first quarter of them; None: the section as it is
+    rehearse: Callable[[dict, int], dict] | None = None
 
 
 SECTIONS: dict[str, Section] = {}
 
 
-def register_section(name: str, defaults: dict, check: Callable | None = None) -> Section:
+def register_section(name: str, defaults: dict, check: Callable | None = None,
+                     rehearse: Callable | None = None) -> Section:
     """Declare section `name` of the project's block (call it where the section's code lives)."""
-    SECTIONS[name] = Section(name, defaults, check or (lambda settings, config: None))
+    SECTIONS[name] = Section(name, defaults, check or (lambda settings, config: None), rehearse)
     return SECTIONS[name]
 
 
@@ -215,6 +219,28 @@ class RunConfig:
             params["warmup_num_steps"] = max(1, min(total_num_steps, math.ceil(params["warmup_num_steps"] *
                                                                                total_num_steps / old_total)))
         params["total_num_steps"] = total_num_steps
+        return config
+
+    def rehearsed(self, steps: int) -> dict:
+        """The JSON of a rehearsal of `steps` steps (commodity_bert/plan/rehearsal.py): the same
+        micro-batch with accumulation 1, the scheduler over `steps` in its proportion
+        (with_schedule), and what the job starts late started within the first quarter of them:
+        an optimizer's freeze (its `freeze_step` / `var_freeze_step`), and each section's own
+        (its registered `rehearse`: DiLoCo's rounds, a head warm-up), so every kind of step runs."""
+        config = self.with_schedule(steps)
+        config.pop("train_batch_size", None)
+        config["gradient_accumulation_steps"] = 1
+        quarter = max(1, steps // 4)
+        params = config.get("optimizer", {}).get("params", {})
+        for key in ("freeze_step", "var_freeze_step"):
+            if key in params:
+                params[key] = quarter
+        params.pop("freeze_max_step", None)  # "auto" needs it; a step number does not
+        block = config.get("commodity_bert", {})
+        for name, settings in block.items():
+            section = SECTIONS.get(name)
+            if section and section.rehearse and isinstance(settings, dict):
+                block[name] = section.rehearse(copy.deepcopy(settings), steps)
         return config
 
     def sized(self, steps: int, lr: float, micro_batch: int, warmup_fraction: float) -> dict:

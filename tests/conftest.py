@@ -311,12 +311,13 @@ class ForkedRanks:
 
     def __init__(self, ranks: int, *args, timeout: float = 600, nodes: list | None = None,
                  master_addr: str = "127.0.0.1", node_args: list[list] | None = None,
-                 ranks_per_node: list[int] | None = None, as_launched: bool = False):
+                 ranks_per_node: list[int] | None = None, as_launched: bool = False, entry=None):
         """`as_launched`: train.py's entry as a launched rank runs it (run_as_a_rank: a failure in
         one line, no traceback), not main() alone. `nodes`: one entry a node, None or a callable that moves a forked rank onto that node
         (a host of tools/netns_cluster.py: Cluster.enter); the ranks are split evenly among them,
         or `ranks_per_node` a node (a hostfile's unequal slots). `node_args`: each node's arguments
-        after `args` (a directory of its own)."""
+        after `args` (a directory of its own). `entry`: what each rank runs instead, given the
+        rank's argv (`--local_rank=N` first)."""
         import train as train_py  # once per worker: every fork starts with it
         self.argv, self.deadline = [str(a) for a in args], time.monotonic() + timeout
         self.timeout, self.status, self.failed_at, self.first_failure = timeout, {}, None, 0
@@ -326,7 +327,7 @@ class ForkedRanks:
         self.ranks_per_node = ranks_per_node or [ranks // len(nodes)] * len(nodes)
         assert sum(self.ranks_per_node) == ranks and len(self.ranks_per_node) == len(nodes)
         self.node_args = [[str(a) for a in extra] for extra in node_args or [[]] * len(nodes)]
-        entry = train_py.run_as_a_rank if as_launched else train_py.main
+        entry = entry or (train_py.run_as_a_rank if as_launched else train_py.main)
         self.pids = [self._fork(entry, rank, ranks, port, nodes, master_addr)
                      for rank in range(ranks)]
 

@@ -221,7 +221,7 @@ def tx_reader(cluster, host: int):
     """Host's eth0 tx bytes and packets and its TCP retransmitted segments, read in /proc/PID/net
     of a process in its namespace (its sshd): no process to start, so a read lands within a
     millisecond of the moment it is wanted."""
-    net = Path(f"/proc/{cluster.pids(host)[0]}/net")
+    net = Path(f"/proc/{cluster.sshd_pid(host)}/net")
 
     def read() -> tuple[int, ...]:
         tcp = [line.split() for line in (net / "snmp").read_text().splitlines() if line.startswith("Tcp:")]

@@ -1,4 +1,4 @@
-"""`train.py --rehearse`: the job's own launch, config, data and output directory for a few steps,
+"""`bert-plan rehearse`: the job's own launch, config, data and output directory for a few steps,
 on three namespace hosts of 2, 2 and 1 ranks (tools/netns_cluster.py): the rehearsal passes, and
 each fault a cluster meets makes its own line fail, with its fix:
 an output directory one host cannot write, a disk too small for the kept checkpoints, a
@@ -38,6 +38,13 @@ def job(data, run, *extra) -> list[str]:
             "--dist-timeout-minutes", "1", *map(str, extra)]
 
 
+def rehearse(argv: list[str]) -> None:
+    """A forked rank's entry: `bert-plan --local_rank=N rehearse` with the job's flags, as the
+    launcher starts `--module commodity_bert.plan`."""
+    from commodity_bert.plan import cli
+    sys.exit(cli.main([argv[0], "rehearse", *argv[1:]]))
+
+
 def table(out: str) -> dict[str, str]:
     """The rehearsal's lines by check: 'pass', 'FAIL' or '----' and the rest of the line."""
     lines = {}
@@ -63,15 +70,15 @@ def forked(hosts, *args, node=None, env=None) -> subprocess.CompletedProcess:
         if h == 2 and node:
             node()
     return ForkedRanks(5, *args, ranks_per_node=[2, 2, 1], nodes=[partial(on, h) for h in range(3)],
-                       master_addr=hosts.addresses[0], as_launched=True).wait()
+                       master_addr=hosts.addresses[0], entry=rehearse).wait()
 
 
 def test_the_rehearsal_of_the_job_passes_across_three_hosts(hosts, train_data, tmp_path):
-    """The job's flags and --rehearse on 5 ranks forked onto the hosts (the launch is not the
+    """The job's flags rehearsed on 5 ranks forked onto the hosts (the launch is not the
     subject here: the Slurm test rehearses through srun and bert-launch): every line passes, the
     records stay in RUN/rehearsal, and nothing is left that --resume auto would read."""
     run = tmp_path / "run"
-    proc = forked(hosts, *job(train_data, run, "--rehearse"))
+    proc = forked(hosts, *job(train_data, run))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert table(proc.stdout) == dict.fromkeys(NAMES, "pass"), proc.stdout[-4000:]
     report = json.loads((run / "rehearsal" / "report.json").read_text())
@@ -95,7 +102,7 @@ def read_only(directory: Path) -> None:
 def test_an_output_directory_one_host_cannot_write_fails_its_line(hosts, train_data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    proc = forked(hosts, *job(train_data, out / "run", "--rehearse"), node=partial(read_only, out))
+    proc = forked(hosts, *job(train_data, out / "run"), node=partial(read_only, out))
     lines = table(proc.stdout)
     assert proc.returncode == 1 and lines["output directory"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
     assert lines["allreduce"] == lines["memory plan"] == "pass" and lines["relaunch"] == "----"
@@ -108,7 +115,7 @@ def test_a_disk_too_small_for_the_kept_checkpoints_fails_its_line(hosts, train_d
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], check=True)
     try:
-        proc = forked(hosts, *job(train_data, disk / "run", "--rehearse"))
+        proc = forked(hosts, *job(train_data, disk / "run"))
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     lines = table(proc.stdout)
@@ -121,7 +128,7 @@ def test_a_micro_batch_the_plan_says_does_not_fit_fails_its_line(hosts, train_da
     config = tmp_path / "large.json"
     config.write_text(json.dumps(changed(json.loads((REPO / "ds_configs" / "cpu_tiny_lamb.json").read_text()),
                                          {"train_micro_batch_size_per_gpu": 512})))
-    proc = forked(hosts, *job(train_data, tmp_path / "run", "--rehearse"), "--deepspeed_config", config,
+    proc = forked(hosts, *job(train_data, tmp_path / "run"), "--deepspeed_config", config,
                   "--model", "large")
     lines = table(proc.stdout)
     assert proc.returncode == 1 and lines["memory plan"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -134,7 +141,7 @@ def test_an_interface_that_does_not_reach_the_others_is_said_before_the_first_co
     """Each host also has docker0 at 172.17.0.1, and the ranks are told GLOO_SOCKET_IFNAME=docker0."""
     hosts.add_decoy_interface()
     try:
-        proc = forked(hosts, *job(train_data, tmp_path / "run", "--rehearse"), env={"GLOO_SOCKET_IFNAME": "docker0"})
+        proc = forked(hosts, *job(train_data, tmp_path / "run"), env={"GLOO_SOCKET_IFNAME": "docker0"})
     finally:
         hosts.add_decoy_interface(remove=True)
     assert proc.returncode != 0
@@ -153,16 +160,19 @@ def test_the_rehearsal_config_runs_every_kind_of_step_within_its_steps(name, lat
     """8 steps of the micro-batch, accumulation 1, the schedule's warm-up in the job's proportion,
     and the stages the job starts late (a freeze, DiLoCo's rounds) started within them; the
     config still passes train.py's checks on any world size."""
+    import math
+
+    import train  # noqa: F401  (every section's owner registers it)
+    from commodity_bert.run_config import RunConfig
     from commodity_bert.train.launch_checks import check_deepspeed_config
-    from commodity_bert.train.rehearsal import rehearsal_config
     given = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
-    config = rehearsal_config(given, 8)
+    config = RunConfig.parse(given).rehearsed(8)
     assert "train_batch_size" not in config and config["gradient_accumulation_steps"] == 1
     assert config["train_micro_batch_size_per_gpu"] == given["train_micro_batch_size_per_gpu"]
     params = config["scheduler"]["params"]
     job = given["scheduler"]["params"]
     assert params["total_num_steps"] == 8
-    assert params["warmup_num_steps"] == max(1, round(8 * job["warmup_num_steps"] / job["total_num_steps"]))
+    assert params["warmup_num_steps"] == max(1, math.ceil(8 * job["warmup_num_steps"] / job["total_num_steps"]))
     for dotted, value in late.items():
         node = config
         for key in dotted.split("."):
@@ -175,8 +185,10 @@ def test_the_rehearsal_config_runs_every_kind_of_step_within_its_steps(name, lat
 
 
 def test_the_rehearsals_runs_take_the_jobs_command_less_what_would_outlast_them():
-    import train
-    argv = ["--local_rank=0", "--deepspeed_config", "c.json", "--rehearse", "6", "--data", "d", "--time-budget", "2h",
-            "--watch-downstream", "--task embedded:polarity", "--rehearse=4", "--output-dir", "r", "--rehearse"]
-    assert train.without_flags(argv, {"--rehearse": -1, "--watch-downstream": 1, "--time-budget": 1}) == \
-        ["--local_rank=0", "--deepspeed_config", "c.json", "--data", "d", "--output-dir", "r"]
+    from commodity_bert.plan import cli
+    from commodity_bert.plan.rehearsal import without_flags
+    args = cli.parse_args(["--local_rank=0", "rehearse", "--steps", "6", "--deepspeed_config", "c.json", "--data", "d",
+                           "--time-budget", "2h", "--watch-downstream", "--task embedded:polarity", "--output-dir", "r"])
+    assert args.steps == 6 and args.local_rank == 0
+    assert without_flags(args.train_args, {"--watch-downstream": 1, "--time-budget": 1}) == \
+        ["--deepspeed_config", "c.json", "--data", "d", "--output-dir", "r"]

@@ -329,7 +329,7 @@ def test_the_job_picks_bf16_or_fp16_from_the_gpus_on_its_nodes(slurm, train_data
 
 
 def test_the_rehearsal_of_the_job_runs_under_slurm_and_ends_without_a_requeue(slurm, train_data, tmp_path):
-    """REHEARSE=1: pretrain.sbatch runs the job's train.py with --rehearse on its allocation (srun,
+    """REHEARSE=1: pretrain.sbatch runs bert-plan rehearse with the job's flags on its allocation (srun,
     one bert-launch a node, no ssh) and ends with the rehearsal's status: no requeue, no checkpoint
     in RUN/checkpoints for the real job to resume."""
     run = tmp_path / "run"
@@ -338,7 +338,7 @@ def test_the_rehearsal_of_the_job_runs_under_slurm_and_ends_without_a_requeue(sl
     fields = slurm.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, timeout=300)
     log = log_of(tmp_path, job)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", log[-4000:]
-    assert "pretrain.sbatch: rehearsing the job: train.py --rehearse" in log and "rehearsal: passed" in log
+    assert "pretrain.sbatch: rehearsing the job: bert-plan rehearse --steps 8" in log and "rehearsal: passed" in log
     report = json.loads((run / "rehearsal" / "report.json").read_text())
     assert report["passed"] and report["world_size"] == 2
     assert "node1, node2" in next(c for c in report["checks"] if c["name"] == "output directory")["detail"]

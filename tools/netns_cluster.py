@@ -140,6 +140,12 @@ class Cluster:
         out = _run("ip", "netns", "pids", self.namespaces[host], check=False, capture=True)
         return [int(p) for p in out.stdout.split()]
 
+    def sshd_pid(self, host: int) -> int:
+        """The host's sshd, which lives as long as the host: a process to read the namespace's
+        /proc/PID/net through. Not pids()[0]: once process ids wrap (pid_max, often 32,768, in a
+        long test session) a passing process has a lower id than the sshd."""
+        return int((self.directory / f"sshd_{self.hosts[host]}.pid").read_text())
+
     def kill_host_processes(self, host: int, match: str) -> list[int]:
         """SIGKILL the processes on `host` whose command line contains `match`: a node dying."""
         killed = []

@@ -132,7 +132,16 @@ def check_settings(settings: dict) -> str | None:
     return None
 
 
-register_section("diloco", DEFAULTS, lambda settings, config: check_settings(settings) if settings["enabled"] else None)
+def rehearsed_settings(settings: dict, steps: int) -> dict:
+    """A rehearsal's rounds: a few inner steps each, no warm-up, so that several rounds run."""
+    inner = max(2, steps // 4)
+    return {**settings, "inner_steps": inner, "warmup_steps": 0,
+            "fragments": min(settings.get("fragments", 1), inner),
+            "overlap_steps": min(settings.get("overlap_steps", 0), inner - 1)}
+
+
+register_section("diloco", DEFAULTS, lambda settings, config: check_settings(settings) if settings["enabled"] else None,
+                 rehearsed_settings)
 
 
 def _state_device(choice: str, master_device: torch.device, numel: int) -> torch.device:

@@ -38,7 +38,8 @@ def check_settings(settings: dict, config: RunConfig) -> str | None:
     return None
 
 
-SECTION = register_section("head_warmup", DEFAULTS, check_settings)
+SECTION = register_section("head_warmup", DEFAULTS, check_settings,
+                           lambda settings, steps: {**settings, "steps": min(settings.get("steps", 0), max(1, steps // 4))})
 
 
 def head_warmup_settings(config: RunConfig | dict) -> dict:

@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local_rank", "--local-rank", type=int, default=0, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
+    rehearse = sub.add_parser("rehearse", allow_abbrev=False,
+                              help="rehearse the training job under its launcher: the job's train.py flags follow "
+                                   "(docs/training.md, Rehearsal)")
+    rehearse.add_argument("--steps", type=int, default=8, help="steps of the straight run (a relaunch goes on from "
+                          "its halfway checkpoint)")
+
     pre = sub.add_parser("preflight", help="measure compute and network on every rank (under the launcher)")
     pre.add_argument("--model", default="base", help="tiny | mini | base | large | a BertConfig JSON")
     pre.add_argument("--seq-len", type=int, default=128, help="sequence length of the synthetic batches")
@@ -116,7 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "rehearse":  # the rest are the job's train.py flags, which train.py's parser checks
+        args.train_args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
 
 
 def estimate(args) -> list[dict]:
@@ -194,6 +206,9 @@ def main(argv=None) -> int:
         if args.command == "preflight":
             from commodity_bert.plan.preflight import run
             return run(args)
+        if args.command == "rehearse":
+            from commodity_bert.plan.rehearsal import run as rehearse
+            return rehearse(args.steps, args.train_args)
         if args.command == "fit":
             from commodity_bert.plan.fit import run as fit
             fit(args)

@@ -1,7 +1,8 @@
-"""The rehearsal of a training job: `train.py ... --rehearse [STEPS]` (the job's own command,
-launcher, hostfile or Slurm allocation, config, data and output directory) trains STEPS steps of
-the job's exact micro-batch with the accumulation shrunk to one, and checks what would otherwise
-fail only hours into the run:
+"""`bert-plan rehearse`: the rehearsal of a training job, launched as the job is (its launcher,
+hostfile or Slurm allocation) with `--module commodity_bert.plan rehearse` in place of `train.py`
+and the job's own flags (config, data, output directory): STEPS steps of the job's exact
+micro-batch with the accumulation shrunk to one (RunConfig.rehearsed), checking what would
+otherwise fail only hours into the run:
 
 - before a step: the interfaces reach the other hosts (preflight's check, before the first
   collective, which would hang); an allreduce of known values is exact on every rank (NCCL's
@@ -11,8 +12,9 @@ fail only hours into the run:
   the job keeps, by the memory model's count of their bytes;
 - a straight run (RUN/rehearsal/): its checkpoints (one halfway) saved to the output directory,
   the loss falling, the export loaded with `from_pretrained`;
-- a relaunch (in the same processes: a fresh engine, loader and model) from the halfway
-  checkpoint, read back by every node, whose next step's loss must equal the straight run's;
+- a relaunch (train.py's main() again in the same processes: a fresh engine, loader and model)
+  from the halfway checkpoint, read back by every node, whose next step's loss must equal the
+  straight run's;
 - the measured speed (step time, tokens a second, TFLOP/s a rank against each rank's measured
   matmul peak, and the days and GPU-hours it implies for the job's schedule at its accumulation),
   and each rank's peak memory against the model's;
@@ -27,12 +29,12 @@ measures links and compute but trains nothing of the job's.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import shutil
 import socket
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from commodity_bert.host import atomic_write_text
 
 REHEARSAL_DIR = "rehearsal"
 DEFAULT_STEPS = 8
+JOIN_S = 120.0  # how long every rank has to join
 PLAN_MFU = 0.35  # bert-plan estimate's assumption unless --mfu
 PROBE_BYTES = 1 << 20
 
@@ -54,39 +57,6 @@ class Check:
     ok: bool | None  # None: not reached, an earlier check failed
     detail: str
     fix: str = ""
-
-
-# ---------------------------------------------------------------- the rehearsal's config
-def rehearsal_config(given: dict, steps: int) -> dict:
-    """The job's config for `steps` steps: accumulation 1 (the global batch is the micro-batch on
-    every rank), the schedule's warm-up and decay over the rehearsal's steps in the job's
-    proportion, and the stages that start late (1-bit freeze, 0/1 Adam's variance freeze, DiLoCo
-    rounds, head warm-up) within them, so that the rehearsal runs every kind of step the job will."""
-    config = copy.deepcopy(given)
-    config.pop("train_batch_size", None)
-    config["gradient_accumulation_steps"] = 1
-    quarter = max(1, steps // 4)
-    params = config.get("scheduler", {}).get("params", {})
-    total, warmup = params.get("total_num_steps"), params.get("warmup_num_steps")
-    if total:
-        params["total_num_steps"] = steps
-    if warmup:
-        params["warmup_num_steps"] = max(1, round(steps * warmup / total)) if total else quarter
-    optimizer = config.get("optimizer", {}).get("params", {})
-    if "freeze_step" in optimizer:
-        optimizer["freeze_step"] = quarter
-        optimizer.pop("freeze_max_step", None)
-    if "var_freeze_step" in optimizer:
-        optimizer["var_freeze_step"] = quarter
-    project = config.get("commodity_bert", {})
-    diloco = project.get("diloco")
-    if isinstance(diloco, dict) and diloco.get("enabled", True):
-        inner = max(2, quarter)
-        diloco.update(inner_steps=inner, warmup_steps=0, fragments=min(diloco.get("fragments", 1), inner),
-                      overlap_steps=min(diloco.get("overlap_steps", 0), inner - 1))
-    if isinstance(project.get("head_warmup"), dict) and project["head_warmup"].get("steps"):
-        project["head_warmup"]["steps"] = quarter
-    return config
 
 
 # ---------------------------------------------------------------- checks before a step
@@ -317,3 +287,134 @@ def write_report(rehearsal_dir: Path, checks: list[Check], facts: dict) -> None:
               "checks": [asdict(c) for c in checks], **facts}
     rehearsal_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(rehearsal_dir / "report.json", json.dumps(report, indent=1))
+
+
+# ---------------------------------------------------------------- the rehearsal
+def without_flags(argv: list[str], flags: dict[str, int]) -> list[str]:
+    """argv less each of `flags` (name: how many values it takes)."""
+    kept, i = [], 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in flags:
+            i += 1 + (0 if "=" in argv[i] else flags[name])
+            continue
+        kept.append(argv[i])
+        i += 1
+    return kept
+
+
+def join(backend: str, timeout) -> None:
+    """preflight's meeting, then the process group on its store: a host missing, or an interface
+    that does not reach the others, is said in one line before the first collective, which would
+    hang on it."""
+    from commodity_bert.plan.preflight import check_interfaces, rendezvous
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    store = rendezvous(rank, world, JOIN_S)
+    check_interfaces(store, rank, world, backend, JOIN_S)
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+                            timeout=timeout)
+
+
+def run(steps: int, train_argv: list[str]) -> int:
+    """The rehearsal on this rank; its exit status (0: every line passed)."""
+    from datetime import timedelta
+
+    from commodity_bert.launcher_env import adopt_launcher_environment
+    from commodity_bert.plan.memory import Setup, Shape, state_bytes
+    from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, SUMMARY
+    from commodity_bert.train import checkpoint
+    try:
+        import train  # the repository's train.py: the rehearsal runs its main()
+    except ImportError:
+        print("bert-plan rehearse: error: no train.py to import; launch it from the repository root, as the job",
+              file=sys.stderr)
+        return 2
+    adopt_launcher_environment()
+    steps = max(4, steps + steps % 2)
+    argv = [a for a in train_argv if not a.startswith("--local_rank")] + [f"--local_rank={os.environ.get('LOCAL_RANK', 0)}"]
+    args = train.parse_args(argv)
+    here = Path(args.output_dir) / REHEARSAL_DIR
+    join("nccl" if torch.cuda.is_available() else "gloo", timedelta(minutes=args.dist_timeout_minutes))
+    device = train.join_the_ranks(args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    inputs = train.check_inputs(args, device)
+    say = train.say
+    say(f"rehearsal: {steps} steps of micro-batch {inputs.batch.micro} on {world} rank(s), accumulation 1 "
+        f"(the job's: {inputs.accumulation}), in {here}")
+    if rank == 0 and here.exists():
+        shutil.rmtree(here)  # an earlier rehearsal's: the rehearsal's own directory, never the run's
+    dist.barrier()
+    precision = inputs.config.precision
+    dtypes = [torch.float32] + ([{"bf16": torch.bfloat16, "fp16": torch.float16}[precision]]
+                                if precision in ("bf16", "fp16") and device.type == "cuda" else [])
+    checks = [allreduce_exact(device, dtypes)]
+    memory_check, planned = memory_before(inputs.model_config, inputs.config, inputs.data.manifest["seq_len"],
+                                          device, inputs.data.nsp)
+    checks += [memory_check, writable_everywhere(here)]
+    params = Shape.of(inputs.model_config, nsp=inputs.data.nsp).params
+    state = state_bytes(params, Setup.of(inputs.config), 1)
+    estimate = sum(state.values()) + state["exchange"] * (world - 1)
+    checks.append(disk_check(here, estimate, args.keep_checkpoints, params * 4, measured=False))
+    facts = {"steps": steps, "world_size": world, "micro_batch": inputs.batch.micro,
+             "job_accumulation": inputs.accumulation, "job_steps": inputs.max_steps}
+
+    def finish() -> int:
+        if rank == 0:
+            say("rehearsal:", *table(checks))
+            write_report(here, checks, facts)
+        passed = all(c.ok for c in checks)
+        say(f"rehearsal: {'passed' if passed else 'FAILED'}; {here / 'report.json'}")
+        dist.barrier()
+        train.release_process_group()
+        return 0 if passed else 1
+
+    if not all(c.ok for c in checks):
+        checks += [Check(name, None, "not run: an earlier check failed")
+                   for name in ("loss falling", "checkpoint", "relaunch", "export", "speed", "memory")]
+        return finish()
+    if rank == 0:
+        here.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(here / "ds_config.json", json.dumps(inputs.config.rehearsed(steps), indent=1))
+    dist.barrier()
+    base = without_flags(argv, {"--watch-downstream": 1, "--time-budget": 1})
+    quiet = ["--deepspeed_config", str(here / "ds_config.json"), "--save-every-minutes", "0", "--log-every", "1",
+             "--eval-every", "0", "--eval-batches", "2", "--plateau-check-samples", "0"]
+    half = steps // 2
+    train.main([*base, *quiet, "--output-dir", str(here), "--resume", "none", "--max-steps", str(steps),
+                "--save-every", str(half), "--keep-checkpoints", "2"])
+    straight = loss_rows(here)
+    first, last = straight[1]["loss"], statistics.median(straight[s]["loss"] for s in (steps - 1, steps))
+    checks.append(Check("loss falling", last < first, f"{first:.4f} at step 1, {last:.4f} at steps {steps - 1}–{steps}",
+                        "" if last < first else "check the rate and warm-up of the config and the data"))
+    node_local = not checkpoint.storage_is_shared(here)
+    tag = f"step_{half:08d}"
+    sizes = [None] * world
+    dist.all_gather_object(sizes, directory_bytes(here / CHECKPOINTS / tag))
+    disk = disk_check(here, max(sizes), args.keep_checkpoints, directory_bytes(here / HF_MODEL), measured=True,
+                      already_used=directory_bytes(here))
+    checks.append(Check("checkpoint", disk.ok, f"{tag} in {here / CHECKPOINTS}"
+                        f"{' on every node (node-local)' if node_local else ''}; " + disk.detail, disk.fix))
+    exported = [export_loads(here / HF_MODEL) if rank == 0 else None]
+    dist.broadcast_object_list(exported, src=0)
+    if checkpoint.is_writer(node_local):  # the relaunch goes on from halfway, as a job requeued there would
+        atomic_write_text(here / CHECKPOINTS / "latest", tag)
+    dist.barrier()
+    train.main([*base, *quiet, "--output-dir", str(here / "relaunch"), "--resume", str(here / CHECKPOINTS),
+                "--max-steps", str(half + 1), "--save-every", "0", "--keep-checkpoints", "1"])
+    again = loss_rows(here / "relaunch").get(half + 1, {}).get("loss")
+    want = straight[half + 1]["loss"]
+    same = again is not None and abs(again - want) <= 1e-6 * max(1.0, abs(want))
+    checks.append(Check("relaunch", same, f"from {tag}, read back by all {world} ranks: step {half + 1}'s loss "
+                        f"{again} against the straight run's {want}", "" if same else
+                        f"a relaunch does not resume exactly: report it with {here} (metrics.jsonl of both runs)"))
+    checks.append(exported[0])
+    speed, measured = speed_check(straight, device, inputs.max_steps, inputs.accumulation, world,
+                                  inputs.batch.micro * world, precision)
+    summary = json.loads((here / SUMMARY).read_text())
+    checks += [speed, memory_after(summary, planned, device)]
+    facts.update(measured)
+    if checkpoint.is_writer(node_local) or rank == 0:  # the big files go; the records stay
+        for big in (here / CHECKPOINTS, here / HF_MODEL, here / "relaunch" / CHECKPOINTS, here / "relaunch" / HF_MODEL):
+            shutil.rmtree(big, ignore_errors=True)
+    dist.barrier()
+    return finish()
