@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from commodity_bert.comm.topology import Topology, hierarchy_setting
+from commodity_bert.comm.topology import Topology
 from commodity_bert.plan.estimate import DS_CONFIGS, read_config
 from commodity_bert.plan.memory import (
     CONTEXT_BYTES,
@@ -19,6 +19,7 @@ from commodity_bert.plan.memory import (
     Gpu,
     Setup,
     Shape,
+    exchange_split,
     fit,
     gpu_named,
     largest_micro,
@@ -62,12 +63,10 @@ def run(args) -> dict:
     gpus = parse_list(args.gpus_per_node, "--gpus-per-node")
     nodes = len(gpus) if len(gpus) > 1 else args.nodes
     world = sum(gpus) if len(gpus) > 1 else nodes * gpus[0]
-    # the compressed exchanges in two levels where train.py's topology would choose them: slices of
-    # the smallest node's ranks among the nodes
+    # the compressed exchanges in two levels where train.py's topology would choose them
     topology = Topology([node for node, count in enumerate(gpus if len(gpus) > 1 else gpus * nodes)
                          for _ in range(count)])
-    levels, _ = topology.choose(hierarchy_setting(config))
-    slices, among = (min(topology.ranks_per_node), nodes) if levels else (1, world)
+    slices, among = exchange_split(topology, config)
     try:
         shape = Shape.of(build_config(args.model, args.vocab_size), nsp=True)
     except ModelConfigError as error:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 
 from commodity_bert.collectives.lowbit import dense_bytes
 from commodity_bert.collectives.sparse import sparse_bytes
+from commodity_bert.comm.topology import hierarchy_setting
 from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.run_config import RunConfig
 
@@ -222,6 +223,13 @@ def state_bytes(params: int, setup: Setup, world: int, slices: int = 1, among: i
         if dense:
             state["exchange"] += params / slices * (4 + 4 / between)
     return state
+
+
+def exchange_split(topology, config) -> tuple[int, int]:
+    """(slices, among) for state_bytes: in two levels, where train.py's topology chooses them for
+    this config, slices of the smallest node's ranks among the nodes; flat, one among all ranks."""
+    levels, _ = topology.choose(hierarchy_setting(config))
+    return (min(topology.ranks_per_node), len(topology.nodes)) if levels else (1, len(topology.node_of))
 
 
 def memory(shape: Shape, batch: Batch, setup: Setup, world: int = 1, slices: int = 1, among: int | None = None,

@@ -85,30 +85,22 @@ def allreduce_exact(device: torch.device, dtypes: list[torch.dtype]) -> Check:
     return Check("allreduce", True, f"exact on all {world} ranks ({names}; 1 and 1,048,579 elements)")
 
 
-def host_memory_bytes() -> int:
-    with open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def rank_memory_budget(device: torch.device) -> tuple[float, str]:
     """What one rank may use: its GPU's memory, or on a CPU its share of the host's."""
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory), torch.cuda.get_device_name(device)
+    import psutil
     local = int(os.environ.get("LOCAL_SIZE", "1"))
-    return host_memory_bytes() / local, f"1/{local} of the host's memory"
+    return psutil.virtual_memory().total / local, f"1/{local} of the host's memory"
 
 
 def planned_memory(model_config, config, seq_len: int, device: torch.device, nsp: bool = True):
     """bert-plan fit's model of a rank's peak for this config's micro-batch (memory.py)."""
-    from commodity_bert.comm.topology import Topology, hierarchy_setting
-    from commodity_bert.plan.memory import FRAGMENTATION, Batch, Memory, Setup, Shape, activation_bytes, memory
+    from commodity_bert.comm.topology import Topology
+    from commodity_bert.plan.memory import FRAGMENTATION, Batch, Memory, Setup, Shape, activation_bytes, \
+        exchange_split, memory
     world = dist.get_world_size()
-    topology = Topology.discover()
-    levels, _ = topology.choose(hierarchy_setting(config))
-    slices, among = (min(topology.ranks_per_node), len(topology.nodes)) if levels else (1, world)
+    slices, among = exchange_split(Topology.discover(), config)
     shape, setup = Shape.of(model_config, nsp=nsp), Setup.of(config)
     batch = Batch.full(int(config.micro_batch or 8), seq_len)
     need = memory(shape, batch, setup, world, slices, among)
@@ -188,10 +180,6 @@ def disk_check(run_dir: Path, checkpoint_bytes: float, keep: int, export_bytes: 
         return Check("disk", False, f"{detail}; free: " + ", ".join(f"{h} {f / 1e9:.2f} GB" for h, f in short.items()),
                      f"free space there, keep fewer (--keep-checkpoints), or give --output-dir a larger disk")
     return Check("disk", True, f"{detail}; the least free is {min(f for _, _, f in views) / 1e9:.1f} GB")
-
-
-def directory_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 # ---------------------------------------------------------------- after the runs
@@ -323,6 +311,7 @@ def run(steps: int, train_argv: list[str]) -> int:
     from commodity_bert.plan.memory import Setup, Shape, state_bytes
     from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, SUMMARY
     from commodity_bert.train import checkpoint
+    from commodity_bert.train.checkpoint import directory_bytes
     try:
         import train  # the repository's train.py: the rehearsal runs its main()
     except ImportError:

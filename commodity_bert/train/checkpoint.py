@@ -126,7 +126,8 @@ def is_writer(node_local: bool) -> bool:
     return _local_rank() == 0 if node_local else dist.get_rank() == 0
 
 
-def _size(path: Path) -> int:
+def directory_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (0 where there is no such directory)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
@@ -309,8 +310,8 @@ def save(engine, directory: Path, step: int, client_state: dict, keep: int, rank
         failures = gathered()
     if any(failures):
         previous = latest(directory)
-        need = _size(directory / previous) if previous else 0  # the last one's size: this one's, about
-        partial = _size(directory / tag)
+        need = directory_bytes(directory / previous) if previous else 0  # the last one's size: this one's, about
+        partial = directory_bytes(directory / tag)
         if writer:
             shutil.rmtree(directory / tag, ignore_errors=True)
         dist.barrier()
