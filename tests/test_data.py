@@ -367,6 +367,7 @@ def _trained_ids(batches: TrainingBatches, count: int) -> list[np.ndarray]:
     [(2, 16, 1), (1, 32, 1)],             # half the ranks, the global batch kept
     [(1, 16, 2), (3, 8, 1), (2, 8, 0)],   # more ranks, then fewer, the shard window changed each time
     [(3, 8, 1, "split"), (3, 8, 1)],      # a checkpoint from before whole shards were dealt (4 shards, 3 ranks)
+    [(6, 8, 1, "split"), (6, 8, 1)],      # ... and with more ranks than shards
 ])
 def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets, layouts):
     """A relaunch under another world size, micro-batch or shard window continues the epoch by the

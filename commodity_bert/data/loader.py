@@ -117,9 +117,6 @@ class ShardShare:
         return sample_ids(self.shard, stratum, np.arange(self._first(stratum), self.sizes[stratum], self.step))
 
 
-DEALINGS = ("whole", "split")
-
-
 def rank_shares(manifest: dict, rank: int, world: int, dealing: str = "whole") -> list[ShardShare]:
     """Which samples rank `rank` trains, shard by shard, from the manifest alone. The one rule,
     for any shard count: the first ⌊n/W⌋·W shards are dealt whole (rank r: shards r, r+W, …), and
@@ -144,9 +141,9 @@ def rank_shares(manifest: dict, rank: int, world: int, dealing: str = "whole") -
 
 
 def deal_as_saved(manifest: dict, world: int) -> str:
-    """The dealing a checkpoint saved without one used: "split" only where it differs from "whole"."""
-    count = len(manifest["splits"]["train"]["shards"])
-    return "split" if count > world and count % world else "whole"
+    """The dealing a checkpoint saved without one used: "split" wherever W does not divide the
+    shard count (fewer shards than ranks included: the turn of the left-over samples differs)."""
+    return "split" if len(manifest["splits"]["train"]["shards"]) % world else "whole"
 
 
 @dataclass(frozen=True)
