@@ -104,7 +104,7 @@ def test_an_output_directory_one_host_cannot_write_fails_its_line(hosts, train_d
     out.mkdir()
     proc = forked(hosts, *job(train_data, out / "run"), node=partial(read_only, out))
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines["output directory"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("output directory") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
     assert lines["allreduce"] == lines["memory plan"] == "pass" and lines["relaunch"] == "----"
     assert "node3: cannot write" in proc.stdout and "fix: make" in proc.stdout and "node1" not in \
         proc.stdout.split("node3: cannot write")[1].splitlines()[0].split("fix")[0]
@@ -119,7 +119,7 @@ def test_a_disk_too_small_for_the_kept_checkpoints_fails_its_line(hosts, train_d
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines["disk"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("disk") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
     assert lines["output directory"] == lines["memory plan"] == "pass" and lines["checkpoint"] == "----"
     assert "3 checkpoint(s) of" in proc.stdout and "--keep-checkpoints" in proc.stdout
 
@@ -131,7 +131,7 @@ def test_a_micro_batch_the_plan_says_does_not_fit_fails_its_line(hosts, train_da
     proc = forked(hosts, *job(train_data, tmp_path / "run"), "--deepspeed_config", config,
                   "--model", "large")
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines["memory plan"] == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("memory plan") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
     assert lines["allreduce"] == lines["output directory"] == lines["disk"] == "pass"
     assert "micro-batch 512: rank" in proc.stdout and "bert-plan fit" in proc.stdout
 

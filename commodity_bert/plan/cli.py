@@ -205,7 +205,13 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         if args.command == "preflight":
             from commodity_bert.plan.preflight import run
-            return run(args)
+            status = run(args)
+            # released while the interpreter is whole: left to its exit, gloo's threads can abort
+            # the rank ("terminate called without an active exception"), a status 0 read as a crash
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return status
         if args.command == "rehearse":
             from commodity_bert.plan.rehearsal import run as rehearse
             return rehearse(args.steps, args.train_args)
