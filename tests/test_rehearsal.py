@@ -73,13 +73,20 @@ def forked(hosts, *args, node=None, env=None) -> subprocess.CompletedProcess:
                        master_addr=hosts.addresses[0], entry=rehearse).wait()
 
 
+def output(proc: subprocess.CompletedProcess) -> str:
+    """What a failed check shows: the end of the table, and the first rank's traceback (the
+    others' follow it: their peer closed)."""
+    first = proc.stderr.find("Traceback")
+    return proc.stdout[-3000:] + "\n--- first traceback:\n" + proc.stderr[max(first, 0):][:3000]
+
+
 def test_the_rehearsal_of_the_job_passes_across_three_hosts(hosts, train_data, tmp_path):
     """The job's flags rehearsed on 5 ranks forked onto the hosts (the launch is not the
     subject here: the Slurm test rehearses through srun and bert-launch): every line passes, the
     records stay in RUN/rehearsal, and nothing is left that --resume auto would read."""
     run = tmp_path / "run"
     proc = forked(hosts, *job(train_data, run))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, output(proc)
     assert table(proc.stdout) == dict.fromkeys(NAMES, "pass"), proc.stdout[-4000:]
     report = json.loads((run / "rehearsal" / "report.json").read_text())
     assert report["passed"] and report["world_size"] == 5 and report["steps"] == 8
@@ -104,7 +111,7 @@ def test_an_output_directory_one_host_cannot_write_fails_its_line(hosts, train_d
     out.mkdir()
     proc = forked(hosts, *job(train_data, out / "run"), node=partial(read_only, out))
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines.get("output directory") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("output directory") == "FAIL", output(proc)
     assert lines["allreduce"] == lines["memory plan"] == "pass" and lines["relaunch"] == "----"
     assert "node3: cannot write" in proc.stdout and "fix: make" in proc.stdout and "node1" not in \
         proc.stdout.split("node3: cannot write")[1].splitlines()[0].split("fix")[0]
@@ -119,7 +126,7 @@ def test_a_disk_too_small_for_the_kept_checkpoints_fails_its_line(hosts, train_d
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines.get("disk") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("disk") == "FAIL", output(proc)
     assert lines["output directory"] == lines["memory plan"] == "pass" and lines["checkpoint"] == "----"
     assert "3 checkpoint(s) of" in proc.stdout and "--keep-checkpoints" in proc.stdout
 
@@ -131,7 +138,7 @@ def test_a_micro_batch_the_plan_says_does_not_fit_fails_its_line(hosts, train_da
     proc = forked(hosts, *job(train_data, tmp_path / "run"), "--deepspeed_config", config,
                   "--model", "large")
     lines = table(proc.stdout)
-    assert proc.returncode == 1 and lines.get("memory plan") == "FAIL", proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1 and lines.get("memory plan") == "FAIL", output(proc)
     assert lines["allreduce"] == lines["output directory"] == lines["disk"] == "pass"
     assert "micro-batch 512: rank" in proc.stdout and "bert-plan fit" in proc.stdout
 
@@ -146,7 +153,7 @@ def test_an_interface_that_does_not_reach_the_others_is_said_before_the_first_co
         hosts.add_decoy_interface(remove=True)
     assert proc.returncode != 0
     assert ("problem: node2: GLOO_SOCKET_IFNAME=docker0 does not reach the other hosts (node2 reaches them "
-            "through eth0); set GLOO_SOCKET_IFNAME=eth0") in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+            "through eth0); set GLOO_SOCKET_IFNAME=eth0") in proc.stdout, output(proc)
     assert not (tmp_path / "run").exists()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -210,18 +211,24 @@ class Cluster:
             raise ClusterUnavailable(reason)
         directory = Path(directory).resolve()
         directory.mkdir(parents=True, exist_ok=True)
-        index = _free_index()
         names = [f"node{i + 1}" for i in range(hosts)]
-        addresses = [f"{SUBNET_BASE}.{index}.{i + 1}" for i in range(hosts)]
         relay = {"rate": rate, "delay": delay} if delay else None
-        cluster = cls(directory, names, addresses, slots, index, relay=relay)
-        (directory / "cluster.json").write_text(json.dumps(
-            {"index": index, "hosts": names, "addresses": addresses, "slots": slots, "relay": cluster.relay}))
+        with _choosing_an_index():
+            index = _free_index()
+            addresses = [f"{SUBNET_BASE}.{index}.{i + 1}" for i in range(hosts)]
+            cluster = cls(directory, names, addresses, slots, index, relay=relay)
+            (directory / "cluster.json").write_text(json.dumps(
+                {"index": index, "hosts": names, "addresses": addresses, "slots": slots, "relay": cluster.relay}))
+            try:
+                if delay:  # the kernel here has no netem: the links go through a user-space relay
+                    cluster._build_relayed_network(rate, delay)
+                else:
+                    cluster._build_network()
+            except BaseException:
+                cluster.down()
+                raise
         try:
-            if delay:  # the kernel here has no netem: the links go through a user-space relay
-                cluster._build_relayed_network(rate, delay)
-            else:
-                cluster._build_network()
+            if not delay:
                 cluster.set_link(rate)
             cluster._start_sshds()
         except BaseException:
@@ -341,6 +348,19 @@ class Cluster:
                       relay=info.get("relay"))
         cluster.namespaces = [f"cb{info['index']}-{h}" for h in info["hosts"]] + [f"cb{info['index']}-switch"]
         return cluster
+
+
+@contextlib.contextmanager
+def _choosing_an_index():
+    """Held from choosing a free index to creating its namespaces: two clusters brought up at
+    once (the test workers) otherwise chose the same index, and the second's failure to add its
+    namespaces took the first's down with it."""
+    with open("/run/cb_netns_cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _free_index() -> int:
