@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # training runs (reference_runs, mode_run) go to one worker, and so do the modules that start
 # namespace hosts, mounts or fixed ports; every other module goes whole to whichever is free.
 WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_modes", "test_training_paths",
-                                  "test_plateau"], "shared_runs"),
+                                  "test_plateau", "test_sparse_diloco"], "shared_runs"),
                  **dict.fromkeys(["test_multihost", "test_launcher", "test_plan", "test_checkpoints_on_a_cluster",
                                   "test_rehearsal"],
                                  "on_hosts"),
@@ -105,6 +105,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if {"reference_runs", "mode_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(SHARED_TRAINING_TIMEOUT))
+            # on another worker the shared runs would all be trained again for it (65 s for one
+            # test of test_sparse_diloco.py): the controller knows node ids only, so the group is
+            # declared and checked here
+            if scope_of(item.nodeid) != "shared_runs":
+                raise pytest.UsageError(f"{item.nodeid} reads the shared training runs: add its module to "
+                                        "the shared_runs group of WORKER_GROUPS in tests/conftest.py")
 
 
 def run_cli(*args, check=True, timeout=300, **kwargs) -> subprocess.CompletedProcess:
