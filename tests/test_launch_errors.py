@@ -112,6 +112,12 @@ def test_each_bad_launch_ends_in_one_line_from_one_rank_before_any_step(tmp_path
         status, err = refused_in_process(lambda: train_module.check_inputs(args, torch.device("cpu")), capsys)
         lines = [line for line in err.splitlines() if "train.py: error:" in line]
         assert status == 2 and len(lines) == 1 and cases[name][2] in lines[0], (name, err[-3000:])
+    # refused after the metric sinks' directories were checked: the check leaves none behind
+    late = tmp_path / "refused_late"
+    args = train_module.parse_args([str(a) for a in ["--deepspeed_config", CPU_CONFIG, *TINY, "--data",
+                                                     tmp_path / "no_data", "--output-dir", late, "--max-steps", 5]])
+    status, err = refused_in_process(lambda: train_module.check_inputs(args, torch.device("cpu")), capsys)
+    assert status == 2 and "no_data" in err and not late.exists(), err[-2000:]
     for name in cases:
         assert not (tmp_path / name / "metrics.jsonl").exists(), name
 

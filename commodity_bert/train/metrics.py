@@ -22,6 +22,7 @@ events to the engine's MonitorMaster (train.py removes the blocks before DeepSpe
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -82,13 +83,27 @@ def monitor_problem(ds_config: dict, run_dir: Path) -> str | None:
                         f'installed: {install}, or set "{name}": {{"enabled": false}}')
         if name in ("tensorboard", "csv_monitor"):
             directory = sink_directory(name, block, run_dir)
-            try:  # made now, as the sink would make it, and a file written there and removed
-                directory.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryFile(dir=directory):
-                    pass
-            except OSError as exc:
+            if problem := unwritable(directory):
                 return (f'the "{name}" block writes to {directory}, which cannot be made or written '
-                        f'({exc.strerror or exc}); give another "output_path"')
+                        f'({problem}); give another "output_path"')
+    return None
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why `directory` cannot be made or written, or None: made as the sink would make it, a
+    file written there and removed, and whatever the check made removed again, so that a launch
+    refused for another reason leaves no directories behind."""
+    made = [d for d in (directory, *directory.parents) if not d.exists()]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    finally:
+        for d in made:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
     return None
 
 
