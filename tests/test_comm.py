@@ -303,3 +303,15 @@ def test_a_killed_compiles_lock_is_removed_and_a_live_one_kept(tmp_path, monkeyp
     finally:
         holder.kill()
         holder.wait()
+
+    # the race between ranks of one node: while this one looked for holders, the compile it would
+    # have seen released the lock and another rank's took a new one, opened after the look passed
+    # its process; that lock is kept
+    from commodity_bert.comm import deepspeed_shm
+
+    def look_while_another_compile_takes_the_lock(path):
+        path.unlink()
+        path.touch()
+        return False
+    monkeypatch.setattr(deepspeed_shm, "_held_open", look_while_another_compile_takes_the_lock)
+    assert clear_stale_build_locks() == [] and lock.exists()

@@ -76,11 +76,28 @@ def clear_stale_build_locks() -> list[Path]:
     removed = []
     for builder in _cpu_op_builders().values():
         lock = Path(_get_build_directory(builder.NAME, verbose=False)) / "lock"
-        if lock.exists() and not _held_open(lock):
+        if _stale(lock):
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
                 removed.append(lock)
     return removed
+
+
+def _stale(lock: Path) -> bool:
+    """A lock no process holds, the same file before and after looking: a compile holds its lock
+    open from making it to removing it, so a lock that was there all through a scan that saw no
+    holder is a dead compile's. One made during the scan (a compile that released it and another
+    that took it, in a rank beside this one) is a new file, and kept: removing it made that
+    compile's own removal fail and stopped its rank."""
+    def identity(path: Path) -> tuple[int, int] | None:
+        try:
+            status = path.stat()
+        except FileNotFoundError:
+            return None
+        return status.st_ino, status.st_ctime_ns
+
+    before = identity(lock)
+    return before is not None and not _held_open(lock) and identity(lock) == before
 
 
 def build_cpu_ops() -> list[str]:
