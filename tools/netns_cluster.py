@@ -353,8 +353,8 @@ class Cluster:
 @contextlib.contextmanager
 def _choosing_an_index():
     """Held from choosing a free index to creating its namespaces: two clusters brought up at
-    once (the test workers) otherwise chose the same index, and the second's failure to add its
-    namespaces took the first's down with it."""
+    once (the two test workers) could otherwise choose the same index, and the second would fail
+    to add its namespaces."""
     with open("/run/cb_netns_cluster.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
