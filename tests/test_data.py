@@ -426,3 +426,47 @@ def test_a_relaunch_on_another_layout_trains_the_rest_of_the_epoch_once(datasets
         b.batch = 3
         after.extend(_trained_ids(b, naive[0].stream.batches_in_epoch(0) - 3))
     assert np.isin(np.concatenate(after), before).any()
+
+
+def _steps_of(batches: TrainingBatches, accumulation: int, steps: int) -> list[list[bytes]]:
+    """Per step, the samples of each micro-batch this rank trains (as bytes, to compare as sets)."""
+    ids, per_step = batches.sample_ids(), batches.micro_batches_per_step(accumulation)
+    return [[next(ids).tobytes() for _ in range(per_step)] for _ in range(steps)]
+
+
+def test_a_deal_by_speed_trains_the_equal_splits_micro_batches_in_every_step(datasets):
+    """Ranks of unequal speed (data/deal.py) train the same micro-batches a step as the equal split,
+    only on other ranks: across an epoch's end, after a relaunch at a step's boundary under another
+    deal, and with the same tensors (masks included) as the rank whose stream they come from."""
+    from commodity_bert.data.deal import Deal
+    data, world, accumulation = datasets / "dynamic", 3, 4
+
+    def ranks(deal=None, state=None):
+        group = [TrainingBatches(ShardSet.open(data), r, world, 6, seed=3, num_workers=0, shards_in_memory=1)
+                 for r in range(world)]
+        for b in group:
+            b.set_deal(deal)
+            if state:
+                b.load_state_dict(state)
+        return group
+
+    steps = ranks()[0].stream.batches_in_epoch(0) // accumulation + 3  # into the next epoch, across its end
+    equal = [_steps_of(b, accumulation, steps) for b in ranks()]
+    by_speed = Deal.from_speeds([1.0, 2.0, 0.5], accumulation)
+    assert by_speed.counts() == [4, 7, 1] and by_speed.taken(1) == [(2, 0, 3), (1, 0, 4)]
+    fast = ranks(by_speed)
+    dealt = [_steps_of(b, accumulation, 5) for b in fast]
+    state = fast[0].state_dict()
+    assert all(b.state_dict() == state for b in fast)  # every rank at the step's end, as the equal split
+    again = ranks(Deal.from_speeds([3.0, 1.0, 1.0], accumulation), json.loads(json.dumps(state)))
+    dealt = [steps_before + _steps_of(b, accumulation, steps - 5) for steps_before, b in zip(dealt, again)]
+    for step in range(steps):
+        whole = sorted(sum((ranks_steps[step] for ranks_steps in equal), []))
+        assert sorted(sum((ranks_steps[step] for ranks_steps in dealt), [])) == whole
+    assert [len(s[0]) for s in dealt] == [4, 7, 1]
+    # rank 1 trains micro-batch j of rank 2's stream, then of its own, for each j in turn:
+    # rank 2's first ones, made alike
+    mine, theirs = iter(ranks(by_speed)[1]), iter(ranks()[2])
+    for _ in range(2):
+        got, _, expected = next(mine), next(mine), next(theirs)
+        assert all(torch.equal(got[k], expected[k]) for k in expected)

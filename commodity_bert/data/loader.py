@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from commodity_bert.data import shard_format
 from commodity_bert.data.dataset import ShardSet
+from commodity_bert.data.deal import Deal
 from commodity_bert.data.masking import MASK_PROB, mask_selected, select_rows
 from commodity_bert.data.vocab import Vocab
 
@@ -278,13 +279,15 @@ class StreamPlan:
             rows.append(rnd.plan[:batches - rnd.round.first_batch].ravel())
         return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
-    def plans(self, epoch: int):
+    def plans(self, epoch: int, rank: int | None = None):
         """Each round's sample ids, in order: a round's pool per stratum is what was carried in
-        and its shards' samples, shuffled; the first `take` fill the schedule, the rest carry on."""
-        own = self.shares[self.rank]
+        and its shards' samples, shuffled; the first `take` fill the schedule, the rest carry on.
+        `rank`: another rank's (a rank that trains some of its micro-batches: data/deal.py)."""
+        rank = self.rank if rank is None else rank
+        own = self.shares[rank]
         carry = [np.zeros(0, dtype=np.int64) for _ in range(self.num_strata)]
         for rnd in self.rounds(epoch):
-            rng = np.random.default_rng([self.seed, epoch, self.rank, rnd.index, *self.salt])
+            rng = np.random.default_rng([self.seed, epoch, rank, rnd.index, *self.salt])
             plan = np.empty(rnd.schedule.shape, dtype=np.int64)
             carried_in = np.concatenate(carry)
             for s in range(self.num_strata):
@@ -394,16 +397,21 @@ class BatchMaker:
         }
 
 
-class _PlannedBatches(Dataset):
-    def __init__(self, maker: BatchMaker, plan: np.ndarray, first: int, start: int, key: tuple[int, ...]):
-        self.maker, self.plan, self.first, self.start, self.key = maker, plan, first, start, key
+class _DealtBatches(Dataset):
+    """A round's micro-batches that this rank trains: item (unit, j) is micro-batch j of the
+    epoch in unit `unit`'s plan, masked by the unit's generator key (the same whoever trains it)."""
+
+    def __init__(self, units: list[tuple[BatchMaker, np.ndarray, tuple[int, ...]]], items: list[tuple[int, int]],
+                 first: int):
+        self.units, self.items, self.first = units, items, first
 
     def __len__(self) -> int:
-        return len(self.plan) - self.start
+        return len(self.items)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        index = self.start + i
-        return self.maker(self.plan[index], (*self.key, self.first + index))
+        unit, j = self.items[i]
+        maker, rows, key = self.units[unit]
+        return maker(rows[j - self.first], (*key, j))
 
 
 def _ignore_stop_signals(_worker_id: int) -> None:
@@ -461,6 +469,7 @@ class TrainingBatches:
         self.epoch, self.batch = 0, 0
         self.earlier: list[Layout] = []  # the epoch's earlier layouts, each with the batches it trained
         self._remaining: tuple[tuple, StreamPlan] | None = None
+        self.deal: Deal | None = None  # who trains which micro-batch of a step (None: each its own)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch, "layout": vars(self.layout),
@@ -510,53 +519,97 @@ class TrainingBatches:
         ids = np.unique(np.concatenate([rnd.plan.ravel(), rnd.carried_out]))
         return ids, self.reader.gather(ids, kept)
 
-    def rounds(self):
+    def set_deal(self, deal: Deal | None) -> None:
+        """Train the micro-batches `deal` gives this rank (data/deal.py), from the next iteration
+        on, which must start at a step's boundary; None: this rank's own stream, all of it. The
+        shards of the other ranks' micro-batches it takes are checked now, as its own were."""
+        if deal is not None and deal.world != self.layout.world:
+            raise DataError(f"a deal for {deal.world} ranks cannot deal the micro-batches of {self.layout.world}")
+        self.deal = None if deal is None or deal.is_equal() else deal
+        for unit, _, _ in self.units():
+            if unit != self.rank:
+                for share in self.stream.shares[unit]:
+                    check_shard_file(self.reader.paths[share.shard], self.reader.entries[share.shard]["sha256"])
+
+    def units(self) -> list[tuple[int, int, int]]:
+        """(unit, first, end): the ranks' streams this rank trains micro-batches first..end-1 of in
+        every step, its own last (all of its own under the equal split)."""
+        return [(self.rank, 0, 1)] if self.deal is None else self.deal.taken(self.rank)
+
+    def micro_batches_per_step(self, accumulation: int) -> int:
+        return accumulation if self.deal is None else self.deal.counts()[self.rank]
+
+    def rounds(self, units: list[int]):
         """The rounds from the current position on, endlessly (an epoch's last few samples, fewer
-        than a micro-batch per rank, untrained): each RoundPlan with the generator key of its
-        batches' masks and whether the round before it was skipped."""
+        than a micro-batch per rank, untrained): per round, the RoundPlan of each of `units`
+        (the same rounds in every rank's stream), the generator keys of their batches' masks and
+        whether the round before it was skipped."""
         while True:
-            key = (self.epoch, self.rank, *([len(self.earlier)] if self.earlier else []))
+            stream = self.current_stream()
+            keys = [(self.epoch, unit, *([len(self.earlier)] if self.earlier else [])) for unit in units]
             skipped = False
-            for rnd in self.current_stream().plans(self.epoch):
-                first, batches = rnd.round.first_batch, rnd.round.batches
+            for plans in zip(*(stream.plans(self.epoch, unit) for unit in units)):
+                first, batches = plans[0].round.first_batch, plans[0].round.batches
                 if self.batch >= first + batches and (batches or self.batch > first):
                     skipped = True  # a resumed run skips the rounds it trained; gather finds their carry
                     continue
-                yield rnd, key, skipped
+                yield plans, keys, skipped
                 skipped = False
             self.epoch, self.batch, self.earlier = self.epoch + 1, 0, []
+
+    def dealt_rounds(self):
+        """Per round: its plans and keys, and the (unit index, j) items this rank trains in it,
+        in order: micro-batch j of every unit it takes, for each j in turn. The iteration starts
+        at a step's boundary, so micro-batch j is the step's ((j - start) mod a)-th of each unit."""
+        units = self.units()
+        accumulation = 1 if self.deal is None else self.deal.accumulation
+        passed = 0  # micro-batches of a unit since the iteration began
+        for plans, keys, skipped in self.rounds([unit for unit, _, _ in units]):
+            first, end = plans[0].round.first_batch, plans[0].round.first_batch + plans[0].round.batches
+            start = max(self.batch, first)
+            items = [(k, j) for j in range(start, end) for k, (_, lo, hi) in enumerate(units)
+                     if self.deal is None or lo <= (passed + j - start) % accumulation < hi]
+            passed += end - start
+            yield plans, keys, skipped, items
 
     def sample_ids(self):
         """The ids of each micro-batch's samples, in training order, without reading a shard (what
         __iter__ trains; for checks of the data order)."""
-        for rnd, _, _ in self.rounds():
-            for row in rnd.plan[self.batch - rnd.round.first_batch:]:
-                self.batch += 1
-                yield row
+        for plans, _, _, items in self.dealt_rounds():
+            first = plans[0].round.first_batch
+            for k, j in items:
+                self.batch = j + 1
+                yield plans[k].plan[j - first]
+            self.batch = first + plans[0].round.batches
 
     def __iter__(self):
-        kept = None  # the samples carried out of the previous round, with their arrays
-        for rnd, key, skipped in self.rounds():
-            if skipped or rnd.round.index == 0:
-                kept = None
-            first = rnd.round.first_batch
-            ids, arrays = self.round_arrays(rnd, kept)
-            kept = None
-            maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static, self.mask_prob)
-            dataset = _PlannedBatches(maker, np.searchsorted(ids, rnd.plan), first, self.batch - first, key)
+        kept = {}  # per unit, the samples carried out of its previous round, with their arrays
+        for plans, keys, skipped, items in self.dealt_rounds():
+            units = []
+            for rnd, key in zip(plans, keys):
+                unit = key[1]
+                if skipped or rnd.round.index == 0:
+                    kept[unit] = None
+                ids, arrays = self.round_arrays(rnd, kept.get(unit))
+                maker = BatchMaker(arrays, self.manifest, self.vocab, self.seed, self.static, self.mask_prob)
+                units.append((maker, np.searchsorted(ids, rnd.plan), key, ids, arrays))
+            first = plans[0].round.first_batch
+            dataset = _DealtBatches([u[:3] for u in units], items, first)
             # its own generator: a loader drawing its worker seed from the global RNG would shift
             # dropout after a resume, which creates the loader at another point of the run
             loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
                                 prefetch_factor=4 if self.num_workers else None,
                                 generator=torch.Generator().manual_seed(self.seed),
                                 worker_init_fn=_ignore_stop_signals)
-            for batch in loader:
-                self.batch += 1
+            for (_, j), batch in zip(items, loader):
+                self.batch = j + 1
                 yield batch
-            carried_ids = np.sort(rnd.carried_out)
-            carried = np.searchsorted(ids, carried_ids)
-            kept = (carried_ids, {k: v[carried] for k, v in arrays.items()})
-            del loader, dataset, maker, arrays
+            self.batch = first + plans[0].round.batches
+            for rnd, (_, _, key, ids, arrays) in zip(plans, units):
+                carried_ids = np.sort(rnd.carried_out)
+                carried = np.searchsorted(ids, carried_ids)
+                kept[key[1]] = (carried_ids, {k: v[carried] for k, v in arrays.items()})
+            del loader, dataset, units
 
 
 class ValidationBatches:
