@@ -38,6 +38,7 @@ from commodity_bert.data.shard_format import ShardFormatError
 from commodity_bert.data.dataset import ShardSet
 from commodity_bert.host import atomic_write_text, device_name, speaker
 from commodity_bert.launcher_env import adopt_launcher_environment
+from commodity_bert.data.deal import DealError
 from commodity_bert.data.loader import SHARDS_IN_MEMORY, DataError, TrainingBatches, ValidationBatches
 from commodity_bert.model.bert import (
     ModelConfigError,
@@ -59,6 +60,7 @@ from commodity_bert.optim.precision import cpu_bf16_warning, current_loss_scale,
 from commodity_bert.run_config import RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL, RUN_CONFIG, SUMMARY, read_run_config
 from commodity_bert.train import checkpoint, downstream_watcher, failures, run_lock
+from commodity_bert.train.balance import Balancer
 from commodity_bert.train.bookkeeping import Bookkeeping, agree, sum_across_ranks
 from commodity_bert.train.engine import build_engine
 from commodity_bert.train.host_memory import HeapTrimmer
@@ -469,9 +471,9 @@ def plateau_check(args, inputs: CheckedInputs, vocab_size: int, device) -> Plate
                         inputs.config.warmup_num_steps)
 
 
-def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardSet) -> tuple[int, dict]:
+def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardSet) -> tuple[int, dict, dict]:
     """Every rank loads checkpoint `tag` (the same one: checkpoint.agree_on_resume) and goes on
-    from its batch, unless the data changed; the samples and clocks it had reached."""
+    from its batch, unless the data changed; the samples and clocks it had reached, and its deal."""
     state, rank_state = checkpoint.load(engine, resume_dir, tag=tag)
     try:
         mode.resume(state, rank_state, resume_dir / tag)
@@ -488,7 +490,25 @@ def resume(args, engine, mode, batches, resume_dir: Path, tag: str, data: ShardS
              f"--data {args.data} has {data.digest[:12]}…); give the same --data to resume, "
              f"or --allow-data-change to go on from these weights with this data")
     say(f"resuming from {resume_dir / tag} at step {engine.global_steps}")
-    return state["samples"], state.get("clocks", {})
+    return state["samples"], state.get("clocks", {}), state.get("balance")
+
+
+def share_the_steps(inputs: CheckedInputs, batches: TrainingBatches, mode, saved: dict | None,
+                    device: torch.device) -> Balancer:
+    """Who trains which micro-batches of a step (train/balance.py): the equal split, the config's
+    speeds, or the checkpoint's deal; said at launch."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        balancer = Balancer(inputs.config, world, rank, inputs.accumulation, device)
+    except DealError as exc:
+        fail(str(exc))
+    if line := balancer.load_state_dict(saved):
+        say(line)
+    batches.set_deal(balancer.deal)
+    mode.balance(balancer.deal.shares()[rank] * world)
+    if line := balancer.describe():
+        say(line)
+    return balancer
 
 
 def start_records(run_dir: Path, args, inputs, ds_config: dict, mode_name: str, model_config,
@@ -566,12 +586,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.compile:
         engine.compile(compile_kwargs={"dynamic": True})  # batch widths and token counts vary
     traffic = BytesCounter(topology.node_of).install()
-    samples, clocks = 0, {}
+    samples, clocks, dealt = 0, {}, None
     if resume_tag is not None:
-        samples, clocks = resume(args, engine, mode, batches, resume_dir, resume_tag, data)
+        samples, clocks, dealt = resume(args, engine, mode, batches, resume_dir, resume_tag, data)
     elif init_checkpoint is not None:
         checkpoint.load(engine, *init_checkpoint, weights_only=True)
     say(*mode.ready())
+    balancer = share_the_steps(inputs, batches, mode, dealt, device)
 
     def export() -> None:
         # in a DiLoCo round, or between two 0/1 Adam syncs, each rank has a model of its own;
@@ -600,6 +621,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def save() -> None:
         client_state = {"data": batches.state_dict(), "samples": samples, "args": vars(args),
+                        "balance": balancer.state_dict(),
                         "batch": {"global_batch": inputs.batch.total, "micro_batch": inputs.batch.micro,
                                   "accumulation": inputs.batch.accumulation, "world_size": world},
                         "clocks": bookkeeping.clocks(), "data_digest": data.digest}
@@ -636,19 +658,30 @@ def main(argv: list[str] | None = None) -> None:
         while engine.global_steps < max_steps:
             step = engine.global_steps + 1
             mode.start_step(logged=bookkeeping.is_log_step(step))
-            for micro in range(inputs.accumulation):
+            balancer.start_step(step)
+            micro_batches = batches.micro_batches_per_step(inputs.accumulation)  # this rank's share
+            for micro in range(micro_batches):
                 batch = bookkeeping.next_batch(data_iter)
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                boundary = micro == inputs.accumulation - 1
+                boundary = micro == micro_batches - 1
+                engine.set_gradient_accumulation_boundary(boundary)  # each rank at its own last micro-batch
                 with mode.micro_batch(boundary):
-                    loss, stats = engine(batch)
+                    with balancer.forward():
+                        loss, stats = engine(batch)
                     engine.backward(loss_to_backward(loss))
+                    balancer.after_backward()
                 if boundary:
                     mode.after_backward()
                 engine.step()
                 bookkeeping.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             mode.after_step(step, last=step >= max_steps)
+            if (deal := balancer.after_step(step, bookkeeping.unlogged)) is not None:
+                data_iter.close()  # at the step's boundary: the loader goes on with the new owners
+                batches.set_deal(deal)
+                mode.balance(deal.shares()[rank] * world)
+                data_iter = iter(batches)
+                say(f"balance at step {step}: {balancer.counts_line()}")
             trimmer.after_step(step)
             bookkeeping.end_step(*mode.grad_norm())
             samples += inputs.total_batch
@@ -658,6 +691,7 @@ def main(argv: list[str] | None = None) -> None:
                 row = bookkeeping.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                       current_loss_scale(engine.optimizer))
                 row.update(mode.metric_fields())
+                row.update(balancer.metric_fields())
                 if args.compile:  # grows with every recompile: a step whose shapes the graphs did not cover
                     row["compiled_graphs"] = dynamo_counters["stats"]["unique_graphs"]
                 if decision.evaluate:

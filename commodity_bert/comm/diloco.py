@@ -225,6 +225,7 @@ class DiLoCo:
         self.start = self._flat_masters().to(self.state_device)
         self.velocity = torch.zeros_like(self.start)
         self.rounds = 0  # outer steps of the whole model (a fragment's counts 1/P)
+        self.weight = 1.0  # this rank's share of the samples × W (train/balance.py)
         bases, total = [], 0
         for t in tensors:
             bases.append(total)
@@ -343,8 +344,11 @@ class DiLoCo:
         self.after_step(0, last=True)
 
     def _delta(self, p: int) -> torch.Tensor:
+        """This rank's pseudo-gradient, times its `weight`: its share of the step's samples × W
+        (train/balance.py), so that the mean over the ranks weighs each by the samples it trained."""
         fragment = self.fragments[p]
-        return fragment.take(self.start).to(self.device) - fragment.local(self.masters.tensors)
+        delta = fragment.take(self.start).to(self.device) - fragment.local(self.masters.tensors)
+        return delta if self.weight == 1.0 else delta.mul_(self.weight)
 
     def _result(self, p: int) -> torch.Tensor:
         """The averaged Δ of fragment p's update in flight, no longer pending; the exchange's bytes

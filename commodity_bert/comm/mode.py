@@ -132,6 +132,13 @@ class CommMode:
     def after_step(self, step: int, last: bool) -> None:
         pass
 
+    def balance(self, weight: float) -> None:
+        """This rank now trains `weight` times the equal split's micro-batches a step (data/deal.py).
+        Where DeepSpeed averages the gradients nothing changes: each micro-batch's loss is divided
+        by the same accumulation on every rank, so the average is over the step's micro-batches,
+        whoever trained them. 1-bit LAMB's and 0/1 Adam's averaged momenta and updates are linear
+        in those gradients, so they too weigh each rank by its micro-batches."""
+
     def grad_norm(self) -> tuple:
         """(the norm or None, whether it is this rank's own, to be combined in the row)."""
         norm, own = self._norm
@@ -414,6 +421,11 @@ class DiLoCoMode(LocalSteps):
     def after_step(self, step: int, last: bool) -> None:
         # the last step ends every round too: what the run evaluates and exports is one model
         self.diloco.after_step(step, last)
+
+    def balance(self, weight: float) -> None:
+        # the inner optimizer normalises the gradient's scale away, so the pseudo-gradients are
+        # weighted by the samples each rank trained, where the average is taken
+        self.diloco.weight = weight
 
     def grads_averaged(self) -> bool:
         return self.diloco is not None and self.diloco.warming_up

@@ -223,7 +223,9 @@ class Bookkeeping:
                    for field, value in self.traffic.snapshot().items()}
         dist.all_reduce(self.window)
         totals = dict(zip(WINDOW_KEYS, self.window.tolist()))
-        sums = {"flops": self.flops, "between_sent": traffic.pop("bytes_sent_between_nodes"),
+        # micro-batches too: ranks of unequal speed train unequal numbers of them (train/balance.py)
+        sums = {"flops": self.flops, "micro_batches": self.micro_batches,
+                "between_sent": traffic.pop("bytes_sent_between_nodes"),
                 "between_received": traffic.pop("bytes_received_between_nodes")}
         if self.grad_norm_per_rank:  # alike on every rank: the same path measured the same step
             sums["grad_norm_sq"] = float(self.grad_norm) ** 2
@@ -234,7 +236,7 @@ class Bookkeeping:
             grad_norm = (sums["grad_norm_sq"] / self.world) ** 0.5
         seconds = time.time() - self.window_started - (self.evaluating - self.evaluating_at_start)
         row = {"step": step, "samples": samples, "elapsed_s": self.trained_s(),
-               "loss": totals["loss"] / (self.micro_batches * self.world),
+               "loss": totals["loss"] / sums["micro_batches"],
                "mlm_acc": totals["mlm_correct"] / max(totals["mlm_count"], 1),
                "lr": lr, "loss_scale": loss_scale,
                "grad_norm": grad_norm,
