@@ -676,6 +676,7 @@ def main(argv: list[str] | None = None) -> None:
                 engine.step()
                 bookkeeping.add_micro_batch(loss, stats, batch["real_tokens"], flops)
             mode.after_step(step, last=step >= max_steps)
+            dealt_fields = balancer.metric_fields()  # the shares this step trained on
             if (deal := balancer.after_step(step, bookkeeping.unlogged)) is not None:
                 data_iter.close()  # at the step's boundary: the loader goes on with the new owners
                 batches.set_deal(deal)
@@ -691,7 +692,7 @@ def main(argv: list[str] | None = None) -> None:
                 row = bookkeeping.row(step, samples, scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                       current_loss_scale(engine.optimizer))
                 row.update(mode.metric_fields())
-                row.update(balancer.metric_fields())
+                row.update(dealt_fields)
                 if args.compile:  # grows with every recompile: a step whose shapes the graphs did not cover
                     row["compiled_graphs"] = dynamo_counters["stats"]["unique_graphs"]
                 if decision.evaluate:

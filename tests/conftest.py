@@ -592,6 +592,9 @@ class ModeCase(NamedTuple):
 
 
 ACCUMULATION = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 2}
+# ranks of unequal speed (train/balance.py): rank 1 trains 3 of the step's 4 micro-batches, one of
+# them rank 0's; the modes below train on these shares, and resume on them bit for bit
+UNEQUAL = {**ACCUMULATION, "commodity_bert.balance": {"split": "speed", "speeds": [1, 3]}}
 MODE_CASES = {
     "allreduce": ModeCase("allreduce", "cpu_tiny_lamb.json", {}, 10, 5, 5),
     # DeepSpeed's CPU FusedAdam under ZeRO-2 with accumulation and dynamic masking: resumed at 5,
@@ -605,19 +608,19 @@ MODE_CASES = {
     "onebit_lamb": ModeCase("onebit_lamb", "cpu_tiny_onebit_lamb.json", {}, 15, 8, 8, ("onebit_frozen",),
                             ({"zero_optimization.stage": 1}, "OneBitLamb cannot run under ZeRO stage 1")),
     # variance frozen after step 12; step 21 is a local step (ranks apart), step 24 a sync
-    "zero_one_adam": ModeCase("zero_one_adam", "cpu_tiny_zero_one_adam.json", {}, 24, 21, 7,
-                              ("variance_frozen", "local_step_interval"),
+    "zero_one_adam": ModeCase("zero_one_adam", "cpu_tiny_zero_one_adam.json", UNEQUAL, 24, 21, 7,
+                              ("variance_frozen", "local_step_interval", "rank_share"),
                               ({"zero_optimization.stage": 1}, "ZeroOneAdam cannot run under ZeRO stage 1")),
     # rounds of 10 inner steps of 2 micro-batches: step 15 is in the middle of round 2; evaluations
     # every 5 steps, two of them mid-round; the last step ends a round
-    "diloco": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", ACCUMULATION, 20, 15, 5, ("outer_rounds",),
+    "diloco": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", UNEQUAL, 20, 15, 5, ("outer_rounds", "rank_share"),
                        ({"commodity_bert.bucketwise_clipping": {"enabled": True}},
                         "DiLoCo and bucket-wise clipping cannot be combined")),
     # Streaming DiLoCo: 2 fragments (round ends at 3, 6, 9, 12), each exchange behind 2 inner steps,
     # int4 with stochastic rounding and error feedback: the checkpoint at 7 waits for the update of
     # step 6, due at 8, and the relaunch must apply it there; an evaluation at 7 while it is in flight
     "diloco_streaming": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", {
-        "commodity_bert.diloco.inner_steps": 6, "commodity_bert.diloco.fragments": 2,
+        **UNEQUAL, "commodity_bert.diloco.inner_steps": 6, "commodity_bert.diloco.fragments": 2,
         "commodity_bert.diloco.overlap_steps": 2, "commodity_bert.diloco.compression": "int4",
         "commodity_bert.diloco.rounding": "stochastic", "commodity_bert.diloco.error_feedback": True},
         14, 7, 7, ("outer_rounds",),
@@ -626,7 +629,7 @@ MODE_CASES = {
     # fragments (round ends at 2, 4, 6, 8, 10), each exchange behind 2 inner steps: the checkpoint at 5
     # waits for the update of step 4, due at 6; the relaunch must carry each rank's residual
     "diloco_sparse": ModeCase("diloco", "cpu_tiny_diloco_lamb.json", {
-        "commodity_bert.diloco.inner_steps": 4, "commodity_bert.diloco.fragments": 2,
+        **UNEQUAL, "commodity_bert.diloco.inner_steps": 4, "commodity_bert.diloco.fragments": 2,
         "commodity_bert.diloco.overlap_steps": 2, "commodity_bert.diloco.compression": "sparse",
         "commodity_bert.diloco.density": 0.05, "commodity_bert.diloco.error_feedback": True},
         10, 5, 5, ("outer_rounds", "sparse_exchange", "sparse_sent_share"),

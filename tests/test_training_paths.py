@@ -12,6 +12,7 @@ from conftest import REPO, config_file, rows, train, window_loss
 
 from commodity_bert.data import shard_format as fmt
 from commodity_bert.data.dataset import ShardSet
+from commodity_bert.data.deal import Deal
 from commodity_bert.data.loader import TrainingBatches
 from commodity_bert.model.bert import PretrainingModel, build_config, build_model, load_pretrained
 
@@ -27,10 +28,12 @@ def launch(tmp_dir, data, name, config, steps, *extra):
     return run
 
 
-def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=None, per_rank=False) -> float:
+def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=None, per_rank=False,
+                        deal=None) -> float:
     """Step 1's gradient norm computed here, without DeepSpeed: the same initial weights, batches
     and dropout as train.py's ranks, the gradient averaged over ranks and micro-batches (with
-    `per_rank`, the root mean square of each rank's own gradient's norm, as DiLoCo logs it)."""
+    `per_rank`, the root mean square of each rank's own gradient's norm, as DiLoCo logs it), each
+    rank training the micro-batches `deal` gives it (data/deal.py; None: its own)."""
     manifest = fmt.load_manifest(data)
     total, own = None, []
     for rank in range(world):
@@ -40,8 +43,10 @@ def reference_grad_norm(data, micro_batch, accumulation=1, world=2, pretrained=N
             hf, _ = load_pretrained(pretrained, nsp=manifest["nsp"])
         model = PretrainingModel(hf).train()
         torch.manual_seed(SEED + rank)
-        stream = iter(TrainingBatches(ShardSet.open(data), rank, world, micro_batch, SEED, 0))
-        for _ in range(accumulation):
+        batches = TrainingBatches(ShardSet.open(data), rank, world, micro_batch, SEED, 0)
+        batches.set_deal(deal)
+        stream = iter(batches)
+        for _ in range(batches.micro_batches_per_step(accumulation)):
             loss, _ = model(next(stream))
             (loss / accumulation).backward()
         grads = [p.grad.detach().clone() for p in model.parameters()]
@@ -205,8 +210,8 @@ def test_diloco_communicates_once_a_round(diloco20, train_data):
             assert (row["comm_rounds"], row["bytes_sent"]) == (1, 4 * numel), row
     assert history[20]["outer_rounds"] == 2 and history[20]["samples"] == 20 * 64
     # the ranks' own gradients' norms, not the norm of an average nobody formed (no allreduce for it)
-    assert history[1]["grad_norm"] == pytest.approx(
-        reference_grad_norm(train_data, 16, accumulation=2, per_rank=True), rel=0.01)
+    assert history[1]["grad_norm"] == pytest.approx(reference_grad_norm(
+        train_data, 16, accumulation=2, per_rank=True, deal=Deal.from_speeds([1, 3], 2)), rel=0.01)
     assert window_loss(history, 20) < history[1]["loss"] - 0.2  # lr still warming up (30 steps)
     assert identical_across_ranks(diloco20)  # the run ends with an outer step
 
