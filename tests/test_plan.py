@@ -12,6 +12,7 @@ from commodity_bert.plan.step_model import (
     Network,
     PlanError,
     Workload,
+    micro_batches_s,
     onebit_bytes_per_element,
     parse_rate,
     phase_estimate,
@@ -233,6 +234,36 @@ def test_estimate_cli_prices_a_cluster_of_unequal_nodes(tmp_path, capsys):
     code, stderr = refusal(main, ["estimate", "--gpu-tflops", "71", "--link", "10gbit", "--nodes", "2",
                                   "--gpus-per-node", "4,4,2"], capsys)
     assert code == 2 and "a list of GPUs per node is one cluster of 3 nodes; drop --nodes" in stderr
+
+
+def test_estimate_cli_prices_cards_of_unequal_speed_split_equally_and_by_speed(tmp_path, capsys):
+    """--gpu, a card per node: the equal split runs at the slowest card's pace; dealt by speed, the
+    slowest rank's share of the micro-batches sets it (data/deal.py's arithmetic); fit answers per
+    card, with one micro-batch for every rank."""
+    from commodity_bert.data.deal import Deal
+    from commodity_bert.plan.cli import main
+    out = tmp_path / "plan.json"
+    assert main(["estimate", "--gpu", "3090,3090,2080ti", "--gpus-per-node", "2", "--link", "10gbit",
+                 "--model", "base", "--optimizer", "lamb", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2080ti has no bf16: a job of cards with and without it trains fp16 on all" in printed
+    equal, balanced = json.loads(out.read_text())
+    assert (equal["split"], balanced["split"], equal["gpus"], equal["comm_s"]) == ("equal", "balanced", 6,
+                                                                                   balanced["comm_s"])
+    assert equal["compute_s"] > balanced["compute_s"] and balanced["step_s"] < equal["step_s"]
+    # the term itself: accumulation 8 of a 0.5-s micro-batch on the slower card (speed 0.5), or 11 of
+    # the step's 16 micro-batches on the faster (0.25 s each) and 5 on the slower
+    slow = work(speeds=(1.0, 0.5), balanced=True)
+    assert micro_batches_s(slow, 2) == pytest.approx(11 * 0.25) and micro_batches_s(work(), 2) == pytest.approx(8 * 0.5)
+    assert Deal.from_speeds([1.0, 0.5], 8).counts() == [11, 5]
+    code, stderr = refusal(main, ["estimate", "--gpu", "3090,k80", "--link", "1gbit"], capsys)
+    assert code == 2 and "--gpu 'k80': give one of 2080ti" in stderr
+    fitted = tmp_path / "fit.json"
+    assert main(["fit", "--gpu", "3090,2080ti", "--model", "base", "--gpus-per-node", "4,4", "--seq-len", "512",
+                 "--json", str(fitted)]) == 0
+    answer = json.loads(fitted.read_text())
+    assert answer["micro_batch"] == min(card["micro_batch"] for card in answer["cards"])
+    assert [card["precision"] for card in answer["cards"]] == ["bf16", "fp16"]
 
 
 def test_phase_and_recipe_totals_by_hand():

@@ -8,6 +8,8 @@
         --recipe --optimizer lamb,onebit_lamb,bucketwise --usd-per-gpu-hour 2.5 --json plan.json --plot plan.png
     # or without a profile, from a GPU's peak and a link's rate
     bert-plan estimate --gpu-tflops 312 --link 10gbit --nodes 1,2,4,8 --gpus-per-node 4 --model large --recipe
+    # a cluster of unequal cards: the equal split against micro-batches dealt by speed
+    bert-plan estimate --gpu 3090,3090,2080ti --gpus-per-node 4,4,4 --link 10gbit --model base --recipe
     # 3. what fits one card: precision, micro-batch, accumulation, activation checkpointing
     bert-plan fit --gpu 3090 --model base --seq-len 128 --gpus-per-node 4,4,2
 
@@ -20,6 +22,7 @@ step, then 1 bit per element plus scales; 0/1 Adam follows its variance and loca
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -80,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = est.add_argument_group("the hardware (a profile, or by hand)")
     src.add_argument("--profile", type=Path, help="profile.json from bert-plan preflight")
     src.add_argument("--gpu-tflops", type=float, help="by hand: the GPU's matmul peak in the training precision")
+    src.add_argument("--gpu", help="by hand: each node's card, e.g. 3090,3090,2080ti (one cluster of those nodes; "
+                                   "--gpus-per-node each node's count): priced at each card's peak × MFU, with "
+                                   "the step's micro-batches split equally and by speed (docs/clusters.md)")
     src.add_argument("--mfu", type=float, help="by hand: share of that peak training reaches (default 0.35)")
     src.add_argument("--link", help="network rate per node, e.g. 1gbit, 10gbit, 25gbit (overrides the profile's)")
     src.add_argument("--latency-ms", type=float, help="per ring hop (default: the profile's, else 0.05)")
@@ -136,8 +142,10 @@ def estimate(args) -> list[dict]:
     from commodity_bert.plan.report import estimate_plot, estimate_table
     from commodity_bert.plan.step_model import Network
 
-    if bool(args.profile) == bool(args.gpu_tflops):
-        raise PlanError("give --profile profile.json (from bert-plan preflight) or --gpu-tflops X --link RATE")
+    if sum(map(bool, (args.profile, args.gpu_tflops, args.gpu))) != 1:
+        raise PlanError("give --profile profile.json (from bert-plan preflight), --gpu-tflops X or --gpu CARD,CARD,... "
+                        "(with --link RATE for more than one node)")
+    cards = e.cards_of(args.gpu, args.gpus_per_node, args.nodes) if args.gpu else None
     if args.recipe and args.config:
         raise PlanError("--recipe and --config: give one (the recipe is the shipped phase-1 + phase-2 configs)")
     nodes_list = e.parse_list(args.nodes or "1,2,4,8,16,32,64", "--nodes")
@@ -147,6 +155,8 @@ def estimate(args) -> list[dict]:
             raise PlanError(f"--nodes {args.nodes} and --gpus-per-node {args.gpus_per_node}: a list of GPUs per "
                             f"node is one cluster of {len(per_node)} nodes; drop --nodes")
         nodes_list = [len(per_node)]
+    if cards:
+        nodes_list, per_node = [len(cards.per_node)], list(cards.per_node)
     shape = None if not per_node else per_node[0] if len(set(per_node)) == 1 else tuple(per_node)
     given = [o.strip() for o in args.optimizer.split(",") if o.strip()]
     optimizers = [step_model_of(o) for o in given]
@@ -163,7 +173,9 @@ def estimate(args) -> list[dict]:
     else:
         if not args.link and max(nodes_list) > 1:
             raise PlanError("--gpu-tflops needs --link RATE (e.g. 10gbit) for more than one node")
-        compute = e.hand_compute(args.gpu_tflops, args.mfu or e.DEFAULT_MFU)
+        compute = e.hand_compute(cards.slowest_tflops if cards else args.gpu_tflops, args.mfu or e.DEFAULT_MFU)
+        if cards:
+            compute.source = f"by hand: {cards.describe()} × MFU {args.mfu or e.DEFAULT_MFU:g}"
         net = Network(link_bytes_per_s=e.parse_rate(args.link) if args.link else 1.0,
                       latency_s=(args.latency_ms if args.latency_ms is not None else 0.05) / 1000)
         if args.intra_link:
@@ -183,6 +195,16 @@ def estimate(args) -> list[dict]:
             notes += [n for n in w.notes if n not in notes]
         phases[optimizer] = works
     rows = recipe_rows(phases, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour)
+    if cards:  # the same cluster with the micro-batches dealt by speed (train/balance.py)
+        for row in rows:
+            row["split"] = "equal"
+        balanced = {o: [dataclasses.replace(w, speeds=cards.speeds, balanced=True) for w in works]
+                    for o, works in phases.items()}
+        rows = [row for pair in zip(rows, recipe_rows(balanced, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour))
+                for row in pair]
+        for row in rows:
+            row.setdefault("split", "balanced")
+        notes += cards.notes()
     what = f"{args.config}" if args.config else f"BERT-{args.model} recipe (phase 1 seq 128 + phase 2 seq 512)"
     layout = (f"nodes of {', '.join(map(str, gpus_per_node))} GPUs"
               if isinstance(gpus_per_node, tuple) else f"{gpus_per_node} GPU(s) per node")

@@ -188,6 +188,58 @@ def parse_list(text: str, flag: str, kind=int) -> list:
     return values
 
 
+@dataclass(frozen=True)
+class Cards:
+    """`--gpu 3090,3090,2080ti`: each node's card and count, and each rank's speed (its card's peak
+    against the fastest's: the same MFU on every card is assumed, which the balanced run's own
+    measurement then corrects)."""
+    names: tuple[str, ...]
+    per_node: tuple[int, ...]
+    peaks: tuple[float, ...]
+    bf16: tuple[bool, ...]
+
+    @property
+    def speeds(self) -> tuple[float, ...]:
+        fastest = max(self.peaks)
+        return tuple(peak / fastest for peak, count in zip(self.peaks, self.per_node) for _ in range(count))
+
+    @property
+    def slowest_tflops(self) -> float:
+        return min(self.peaks)
+
+    def describe(self) -> str:
+        return ", ".join(f"{count} × {name} ({peak:g} TFLOP/s)"
+                         for name, count, peak in zip(self.names, self.per_node, self.peaks))
+
+    def notes(self) -> list[str]:
+        notes = []
+        if any(self.bf16) and not all(self.bf16):
+            without = sorted({n for n, b in zip(self.names, self.bf16) if not b})
+            notes.append(f"{', '.join(without)} has no bf16: a job of cards with and without it trains fp16 on all "
+                         f"(an _fp16 config)")
+        return notes
+
+
+def cards_of(gpu: str, gpus_per_node: str | None, nodes: str | None) -> Cards:
+    from commodity_bert.plan.memory import GPUS, gpu_named
+    names = [n.strip() for n in gpu.split(",") if n.strip()]
+    found = [gpu_named(n) for n in names]
+    if not names or None in found:
+        unknown = next((n for n, g in zip(names, found) if g is None), gpu)
+        raise PlanError(f"--gpu {unknown!r}: give one of {', '.join(GPUS)} per node, e.g. 3090,3090,2080ti")
+    counts = parse_list(gpus_per_node, "--gpus-per-node") if gpus_per_node else [1]
+    if len(counts) == 1:
+        counts = counts * len(names)
+    if len(counts) != len(names):
+        raise PlanError(f"--gpu names {len(names)} nodes and --gpus-per-node {gpus_per_node} {len(counts)}; "
+                        f"give one count for all, or one a node")
+    if nodes and parse_list(nodes, "--nodes") != [len(names)]:
+        raise PlanError(f"--nodes {nodes} and --gpu {gpu}: a card per node is one cluster of {len(names)} nodes; "
+                        f"drop --nodes")
+    return Cards(tuple(g.name for g in found), tuple(counts), tuple(g.tflops for g in found),
+                 tuple(g.bf16 for g in found))
+
+
 def hand_compute(gpu_tflops: float, mfu: float) -> Compute:
     return Compute(flops_per_s=gpu_tflops * 1e12 * mfu,
                    source=f"by hand: {gpu_tflops:g} TFLOP/s peak × MFU {mfu:g}; optimizer and 1-bit "

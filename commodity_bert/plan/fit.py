@@ -4,6 +4,7 @@ the cluster's ranks (train/launch_checks.py's rule, as train.py applies it), and
 activation checkpointing is needed."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import replace
@@ -53,6 +54,34 @@ def config_path(args, card: Gpu) -> Path:
 
 
 def run(args) -> dict:
+    """The answer for --gpu's card, or, for a card per node (--gpu 3090,2080ti), each card's, then
+    the micro-batch every rank trains: one size for all (ranks of unequal speed take unequal
+    numbers of micro-batches, not unequal sizes: data/deal.py), so the smallest card's."""
+    if not args.gpu or "," not in args.gpu:
+        return run_one(args)
+    names = list(dict.fromkeys(n.strip() for n in args.gpu.split(",") if n.strip()))
+    answers = []
+    for name in names:
+        answers.append(run_one(argparse.Namespace(**{**vars(args), "gpu": name, "json": None})))
+        print()
+    fitting = [a for a in answers if a["micro_batch"] is not None]
+    out = {"cards": answers}
+    if len(fitting) == len(answers):
+        smallest = min(fitting, key=lambda a: a["micro_batch"])
+        out["micro_batch"] = smallest["micro_batch"]
+        print(f"every rank: micro-batch {smallest['micro_batch']} (the {smallest['gpu']}'s), the same on all; a faster "
+              f"card takes more of the step's micro-batches with \"balance\": {{\"split\": \"speed\"}} "
+              f"(docs/clusters.md)")
+    if len({a["precision"] for a in answers}) > 1:
+        print("precision: fp16 on every card: a job of cards with and without bf16 trains in the precision all have")
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(args.json)
+    return out
+
+
+def run_one(args) -> dict:
     from commodity_bert.model.bert import ModelConfigError, build_config
     from commodity_bert.plan.estimate import parse_list
     from commodity_bert.train.launch_checks import fit_global_batch, precision_twin

@@ -64,6 +64,10 @@ class Gpu:
     name: str
     memory_gib: float  # what torch.cuda.get_device_properties reports as total memory
     capability: tuple[int, int]
+    # dense fp16/bf16 tensor-core peak with fp32 accumulation, TFLOP/s (NVIDIA's architecture
+    # whitepapers; GeForce cards accumulate fp32 at half their fp16 rate): what bert-plan
+    # estimate --gpu prices a card at, times the MFU
+    tflops: float = 0.0
 
     @property
     def bf16(self) -> bool:
@@ -71,15 +75,15 @@ class Gpu:
 
 
 GPUS = {g.name: g for g in (
-    Gpu("2080ti", 10.75, (7, 5)),   # 11 GB GDDR6
-    Gpu("t4", 14.58, (7, 5)),       # 16 GB, 15 GiB visible
-    Gpu("v100-16", 15.77, (7, 0)),
-    Gpu("v100-32", 31.74, (7, 0)),
-    Gpu("3090", 23.69, (8, 6)),
-    Gpu("4090", 23.65, (8, 9)),
-    Gpu("a100-40", 39.39, (8, 0)),
-    Gpu("a100-80", 79.15, (8, 0)),
-    Gpu("h100", 79.10, (9, 0)),
+    Gpu("2080ti", 10.75, (7, 5), 53.8),   # 11 GB GDDR6
+    Gpu("t4", 14.58, (7, 5), 65.0),       # 16 GB, 15 GiB visible
+    Gpu("v100-16", 15.77, (7, 0), 125.0),  # SXM2 (PCIe: 112)
+    Gpu("v100-32", 31.74, (7, 0), 125.0),
+    Gpu("3090", 23.69, (8, 6), 71.0),
+    Gpu("4090", 23.65, (8, 9), 165.2),
+    Gpu("a100-40", 39.39, (8, 0), 312.0),
+    Gpu("a100-80", 79.15, (8, 0), 312.0),
+    Gpu("h100", 79.10, (9, 0), 989.4),     # SXM
 )}
 
 

@@ -49,10 +49,13 @@ def money(value) -> str:
 
 
 def estimate_table(rows: list[dict]) -> str:
-    return table(["optimizer", "nodes", "GPUs", "step s", "compute s", "comm s", "seq/s", "efficiency", "days", "USD"],
-                 [[r["optimizer"], str(r["nodes"]), str(r["gpus"]), f"{r['step_s']:.3g}", f"{r['compute_s']:.3g}",
-                   f"{r['comm_s']:.3g}", f"{r['seq_per_s']:,.1f}", f"{r['efficiency']:.0%}", f"{r['days']:.3g}",
-                   money(r["usd"])] for r in rows])
+    """One line a row; a `split` column where the rows price cards of unequal speed (--gpu)."""
+    split = any("split" in r for r in rows)
+    return table(["optimizer", *(["split"] if split else []), "nodes", "GPUs", "step s", "compute s", "comm s",
+                  "seq/s", "efficiency", "days", "USD"],
+                 [[r["optimizer"], *([r.get("split", "")] if split else []), str(r["nodes"]), str(r["gpus"]),
+                   f"{r['step_s']:.3g}", f"{r['compute_s']:.3g}", f"{r['comm_s']:.3g}", f"{r['seq_per_s']:,.1f}",
+                   f"{r['efficiency']:.0%}", f"{r['days']:.3g}", money(r["usd"])] for r in rows])
 
 
 def estimate_plot(rows: list[dict], path: Path, title: str) -> None:

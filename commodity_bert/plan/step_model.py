@@ -9,6 +9,8 @@ Compute, per step and GPU:   accumulation × t_fb(micro-batch) + t_optimizer + t
     is scaled by the training FLOPs (model.training_flops) at the measured FLOP rate.
     t_sync_local: the gradient allreduce's memory passes (flatten, scale, unflatten, copy
     back), which run at any world size; measured by preflight with DeepSpeed's own code.
+    Cards of unequal speed: t_fb is the slowest card's; balanced (train/balance.py), the
+    accumulation × t_fb term becomes the slowest rank's share of the step's micro-batches.
 
 Communication, per step, over the slowest link of a ring:
     a ring allreduce of S bytes over n members sends 2(n−1)/n · S per member and takes
@@ -73,6 +75,7 @@ from commodity_bert.collectives.lowbit import BLOCK as LOWBIT_BLOCK
 from commodity_bert.collectives.lowbit import dense_bytes
 from commodity_bert.collectives.sparse import payload_bytes, sparse_bytes
 from commodity_bert.comm.diloco import LOW_BITS
+from commodity_bert.data.deal import Deal
 from commodity_bert.optim import build  # noqa: F401  (the optimizers register themselves)
 from commodity_bert.optim.registry import PlannedStep, StepPlan, planned
 
@@ -218,6 +221,10 @@ class Workload:
     overlap_steps: int = 0      # and the inner steps each fragment's exchange overlaps
     warmup_steps: int = 0       # DiLoCo's data-parallel steps before the first round
     hierarchy: str | bool = "auto"  # the config's commodity_bert.hierarchy.enabled (comm/topology.py)
+    # each rank's speed against the fastest's (a card per rank); fb_s is then the slowest's, and
+    # `balanced` deals the micro-batches by speed (train/balance.py) instead of equally
+    speeds: tuple[float, ...] | None = None
+    balanced: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -247,6 +254,17 @@ def compressed_bytes_per_rank(size: float, fp32_size: float, nodes: int, gpus_pe
     if not levels:
         return ring_allreduce_bytes(size, world_size(nodes, gpus_per_node))
     return ring_allreduce_bytes(fp32_size, largest(gpus_per_node)) + ring_allreduce_bytes(size / slices(gpus_per_node), nodes)
+
+
+def micro_batches_s(work: Workload, world: int) -> float:
+    """The step's forward and backward passes: accumulation × the slowest card's micro-batch, or,
+    balanced over cards of unequal speed, the slowest rank's share of the step (data/deal.py)."""
+    accumulation = accumulation_steps(work, world)
+    if not work.balanced or not work.speeds or len(work.speeds) != world:
+        return accumulation * work.fb_s
+    speeds = list(work.speeds)
+    fastest_fb_s = work.fb_s * min(speeds)
+    return Deal.from_speeds(speeds, accumulation).step_time(speeds) * fastest_fb_s
 
 
 def accumulation_steps(work: Workload, world: int) -> int:
@@ -285,7 +303,7 @@ def step_estimate(work: Workload, optimizer: str, stage: str, nodes: int, gpus_p
 def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: int | tuple[int, ...], net: Network) -> StepEstimate:
     """One step of a kind an optimizer registered: compute, then what it sends, in order."""
     world = world_size(nodes, gpus_per_node)
-    compute = accumulation_steps(work, world) * work.fb_s + work.optimizer_s
+    compute = micro_batches_s(work, world) + work.optimizer_s
     seconds = sent = 0.0
     rounds = 0
     if kind.gradient_allreduce:
@@ -311,8 +329,7 @@ def planned_step(work: Workload, kind: PlannedStep, nodes: int, gpus_per_node: i
 def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: int | tuple[int, ...], net: Network) -> StepEstimate:
     """A step of a communication mode that is not an optimizer: bucket-wise clipping's, DiLoCo's."""
     world = world_size(nodes, gpus_per_node)
-    accumulation = accumulation_steps(work, world)
-    compute = accumulation * work.fb_s + work.optimizer_s
+    compute = micro_batches_s(work, world) + work.optimizer_s
     levels = two_levels(work, nodes, gpus_per_node)
     if mode == "diloco" and stage == "warmup":  # an ordinary data-parallel step
         return planned_step(work, PlannedStep(), nodes, gpus_per_node, net)
@@ -349,7 +366,7 @@ def mode_step(work: Workload, mode: str, stage: str, nodes: int, gpus_per_node: 
         else:
             size = params * (2.0 if work.outer_compression == "bf16" else 4.0)
             seconds, sent, rounds = net.allreduce_s(size, nodes, gpus_per_node), ring_allreduce_bytes(size, world), 1
-        hidden = work.overlap_steps * (accumulation * work.fb_s + work.optimizer_s) if stage == "outer" else 0.0  # inner steps
+        hidden = work.overlap_steps * compute if stage == "outer" else 0.0  # inner steps
         return StepEstimate(compute, max(seconds - hidden, 0.0), seconds, sent, rounds if world > 1 else 0)
     # bucketwise
     compute += work.grad_sync_local_s
