@@ -12,6 +12,11 @@ is the deal's max(n_r / speed_r). Accumulation 7 makes 1, 1, 1, 0.5 dealable exa
 of 28). Each setting runs `--repeats` times; medians of the steady windows, then of the runs.
 
     sudo python benchmarks/unequal_ranks.py [--hosts 4] [--factors 2 1.5] [--repeats 3] [--json OUT]
+    sudo python benchmarks/unequal_ranks.py --transient 2:10-25 [--steps 40] [--json OUT]
+
+`--transient FACTOR:FIRST-LAST`: one run with the speeds measured every 3 steps and re-dealt as
+they change (redeal_gain 0.1), the last rank slowed by FACTOR from step FIRST to LAST: each
+step's time and shares.
 
 On one machine the hosts share its cores: a rank that sleeps frees its core for the others,
 which a slower GPU would not, so the table also gives each run's unslowed step time.
@@ -56,6 +61,23 @@ def measured_speeds(log: Path) -> list[float]:
     return [float(s) for s in found.group(1).split(", ")]
 
 
+def transient(cluster: Cluster, data: Path, work: Path, args) -> dict:
+    factor, steps = args.transient.split(":")
+    slowed(cluster, f"{args.hosts - 1}:{factor}:{steps}")
+    balanced = config(args.micro_batch, args.accumulation, args.steps, True)
+    balanced["commodity_bert"]["balance"].update({"measure_steps": 3, "redeal": True})
+    args.log_every = 1
+    run_variant(cluster, data, work, "transient", args, balanced, first_steady=2)
+    rows = [r for r in map(json.loads, (work / f"transient_{args.hosts}hosts_unlimited" / "metrics.jsonl")
+                           .read_text().splitlines()) if "loss" in r]
+    global_batch = args.micro_batch * args.accumulation * args.hosts
+    per_step = [{"step": r["step"], "step_s": global_batch / r["seq_per_s"], "rank_share": r["rank_share"]}
+                for r in rows]
+    for row in per_step:
+        print(json.dumps(row))
+    return {"slowed": f"rank {args.hosts - 1} × {factor}, steps {steps}", "steps": per_step}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=4)
@@ -65,6 +87,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=2)
     parser.add_argument("--accumulation", type=int, default=7)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--transient", metavar="FACTOR:FIRST-LAST")
     parser.add_argument("--work")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -75,6 +98,11 @@ def main() -> None:
     results = []
     try:
         one_thread_per_rank(cluster)
+        if args.transient:
+            out = transient(cluster, data, work, args)
+            if args.json:
+                Path(args.json).write_text(json.dumps({"args": vars(args), **out}, indent=1))
+            return
         for factor in [1.0, *args.factors]:
             slowed(cluster, f"{args.hosts - 1}:{factor}" if factor != 1 else "")
             for split in ("equal", "speed") if factor != 1 else ("equal",):

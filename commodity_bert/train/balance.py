@@ -58,7 +58,14 @@ def check_settings(settings: dict, config: RunConfig) -> str | None:
     return None
 
 
-register_section("balance", DEFAULTS, check_settings)
+def rehearsed_settings(settings: dict, steps: int) -> dict:
+    """A rehearsal's measurement and deal within its first quarter (at a rehearsal's accumulation
+    of 1 every rank keeps its one micro-batch: the measuring and its exchange are what run)."""
+    return {**settings, "measure_steps": min(settings.get("measure_steps", DEFAULTS["measure_steps"]),
+                                             max(1, steps // 4))}
+
+
+register_section("balance", DEFAULTS, check_settings, rehearsed_settings)
 
 
 def balance_settings(config: RunConfig | dict) -> dict:
