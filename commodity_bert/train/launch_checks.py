@@ -19,6 +19,7 @@ from commodity_bert.run_config import ConfigError, RunConfig
 from commodity_bert.run_dir import CHECKPOINTS, HF_MODEL
 from commodity_bert.train import balance  # noqa: F401  (its section of the block)
 
+
 class LaunchError(Exception):
     pass
 
