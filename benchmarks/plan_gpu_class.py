@@ -10,8 +10,8 @@ part of it).
 A step on these GPUs is ~100× shorter than on the CPU ranks the study measures, so a round's
 bytes that hide behind a CPU's inner steps may not hide here; the planner's step model is the one
 checked against the namespace runs (benchmarks/slow_links_timing.py). The GPUs' rates are the
-bf16 tensor-core peaks with fp32 accumulation (RTX 3090: 35.6 TFLOP/s dense; A100: 312) at an
-assumed MFU, not a measurement.
+dense bf16 tensor-core peaks with fp32 accumulation of bert-plan's card table (plan/memory.py:
+RTX 3090 71 TFLOP/s, A100 312) at an assumed MFU, not a measurement.
 """
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from commodity_bert.plan.memory import GPUS as CARDS  # noqa: E402
 CONFIGS = REPO / "ds_configs"
-GPUS = {"RTX 3090": 35.6, "A100": 312.0}
+GPUS = {"RTX 3090": CARDS["3090"].tflops, "A100": CARDS["a100-80"].tflops}
 LINKS = [("1gbit", 0.05), ("100mbit", 20.0), ("20mbit", 50.0)]
 MODES = {  # name: (bert-plan --optimizer, the config of each phase)
     "LAMB": ("lamb", "lamb_bf16"),
