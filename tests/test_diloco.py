@@ -179,7 +179,7 @@ def _config(**project):
 @pytest.mark.parametrize("project,changes,phrase", [
     ({"bucketwise_cliping": {"enabled": True}}, {},
      'unknown key "commodity_bert.bucketwise_cliping" in the DeepSpeed config; the known ones are '
-     'activation_checkpointing, attention, bucketwise_clipping, diloco, head_warmup, hierarchy, lamb'),
+     'activation_checkpointing, attention, balance, bucketwise_clipping, diloco, head_warmup, hierarchy, lamb'),
     ({"diloco": {"inner_step": 50}}, {}, 'unknown key "commodity_bert.diloco.inner_step"'),
     ({"bucketwise_clipping": {"enabled": True, "max_nrom": 1.0}}, {},
      'unknown key "commodity_bert.bucketwise_clipping.max_nrom"'),

@@ -121,7 +121,7 @@ def test_the_batch_rule_on_ten_ranks_is_one_line():
 
 @pytest.mark.parametrize("block, words", [
     ({"bucketwise_clippng": {}}, 'unknown key "commodity_bert.bucketwise_clippng" in the DeepSpeed config; the known '
-                                 'ones are activation_checkpointing, attention, bucketwise_clipping, diloco'),
+                                 'ones are activation_checkpointing, attention, balance, bucketwise_clipping, diloco'),
     ({"lamb": {"implemntation": "project"}}, 'unknown key "commodity_bert.lamb.implemntation"'),
     ({"lamb": {"implementation": "fast"}}, '"commodity_bert.lamb.implementation" \'fast\': give "deepspeed"'),
     ({"hierarchy": []}, '"commodity_bert.hierarchy" must be an object, not []'),
