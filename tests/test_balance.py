@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from conftest import config_file, rows, train
+from conftest import checked, config_file, rows, side_by_side
 from safetensors.torch import load_file
 
 from commodity_bert.data.deal import Deal, DealError, counts_for_speeds
@@ -51,8 +51,8 @@ def test_balance_settings_are_checked():
 
 
 def test_a_balanced_step_is_the_equal_splits_step(tmp_path, train_data, monkeypatch):
-    """fp32, dropout off, micro-batch 8 × accumulation 4 on 2 ranks: the equal split, and rank 1
-    slowed 3× with the deal measured after each step. The deal follows the slow-down (rank 1's
+    """fp32, dropout off, micro-batch 8 × accumulation 4 on 2 ranks, side by side: the equal split,
+    and the deal measured after each step with rank 1 slowed 3×. The deal follows the slow-down (rank 1's
     share falls), and every step is the equal split's: losses and gradient norms alike, weights
     within 1e-6."""
     common = {"bf16.enabled": False, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 4,
@@ -60,10 +60,11 @@ def test_a_balanced_step_is_the_equal_splits_step(tmp_path, train_data, monkeypa
     equal = config_file(tmp_path, "cpu_tiny_lamb.json", **common)
     measured = config_file(tmp_path, "cpu_tiny_lamb.json", **common, **{
         "commodity_bert.balance": {"split": "speed", "measure_steps": 1, "redeal_gain": 0.0}})
-    args = ["--model", "tiny", "--data", train_data, "--max-steps", 4, "--log-every", 1, "--num-workers", 0]
-    train(2, "--deepspeed_config", equal, *args, "--output-dir", tmp_path / "equal")
-    monkeypatch.setenv(SLOW_RANKS_ENV, "1:3")
-    run = train(2, "--deepspeed_config", measured, *args, "--output-dir", tmp_path / "balanced")
+    args = ["--model", "tiny", "--data", train_data, "--max-steps", 3, "--log-every", 1, "--num-workers", 0,
+            "--eval-batches", 1]
+    monkeypatch.setenv(SLOW_RANKS_ENV, "1:3")  # both runs' rank 1: it slows the equal split's steps, not its sums
+    _, run = map(checked, side_by_side([["--deepspeed_config", equal, *args, "--output-dir", tmp_path / "equal"],
+                                        ["--deepspeed_config", measured, *args, "--output-dir", tmp_path / "balanced"]]))
     # 3× slower, read beside the other test worker's ranks on shared cores: fewer than half
     first = re.search(r"balance at step 1: micro-batches a step per rank \[(\d), (\d)\] of 8", run.stdout)
     assert first and int(first[2]) < 4, run.stdout[-3000:]
