@@ -18,6 +18,11 @@ of 28). Each setting runs `--repeats` times; medians of the steady windows, then
 they change (redeal_gain 0.1), the last rank slowed by FACTOR from step FIRST to LAST: each
 step's time and shares.
 
+`--predict MEASURED.json` (this script's own JSON): for each slow-down measured there, `bert-plan
+preflight` on the same cluster with the same rank slowed (preflight multiplies that rank's timed
+forward + backward by the factor), and bert-plan's step time of the equal and the balanced split
+beside the measured ones.
+
 On one machine the hosts share its cores: a rank that sleeps frees its core for the others,
 which a slower GPU would not, so the table also gives each run's unslowed step time.
 """
@@ -78,6 +83,37 @@ def transient(cluster: Cluster, data: Path, work: Path, args) -> dict:
     return {"slowed": f"rank {args.hosts - 1} × {factor}, steps {steps}", "steps": per_step}
 
 
+def predict(cluster: Cluster, data: Path, work: Path, args) -> list[dict]:
+    from dataclasses import replace
+
+    from plan_vs_measured import preflight
+
+    from commodity_bert.plan import estimate as e
+    from commodity_bert.plan.step_model import step_estimate
+    measured = json.loads(Path(args.predict).read_text())
+    lines = []
+    for row in measured["summary"]:
+        slowed(cluster, f"{args.hosts - 1}:{row['factor']}")
+        args.steps, args.freeze_step = 12, 0
+        profile = preflight(cluster, data, work, args)
+        compute = e.compute_from_profile(profile)
+        net = e.network_from_profile(profile, None, None, None)
+        work_load = e.workload("unequal", config(args.micro_batch, args.accumulation, args.steps, False), args.model,
+                               profile["ranks"][0]["seq_len"], compute, 30522, args.steps, None,
+                               world_hint=args.hosts)
+        speeds = e.speeds_from_profile(profile)
+        equal = step_estimate(work_load, "lamb", "full", args.hosts, 1, net).step_s
+        balanced = step_estimate(replace(work_load, speeds=speeds, balanced=True), "lamb", "full", args.hosts, 1,
+                                 net).step_s if speeds else equal
+        lines.append({"factor": row["factor"], "profile_speeds": speeds, "predicted_equal_s": equal,
+                      "predicted_balanced_s": balanced, "measured_equal_s": row["equal_step_s"],
+                      "measured_balanced_s": row["balanced_step_s"],
+                      "error_equal": equal / row["equal_step_s"] - 1,
+                      "error_balanced": balanced / row["balanced_step_s"] - 1})
+        print(json.dumps(lines[-1]), flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", type=int, default=4)
@@ -88,6 +124,7 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=7)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--transient", metavar="FACTOR:FIRST-LAST")
+    parser.add_argument("--predict", metavar="MEASURED.json")
     parser.add_argument("--work")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -98,6 +135,17 @@ def main() -> None:
     results = []
     try:
         one_thread_per_rank(cluster)
+        if args.predict:
+            lines = predict(cluster, data, work, args)
+            print("\n| slowed × | equal: measured | predicted | balanced: measured | predicted |")
+            print("|---:|---:|---:|---:|---:|")
+            for r in lines:
+                print(f"| {r['factor']:g} | {r['measured_equal_s']:.3f} | {r['predicted_equal_s']:.3f} "
+                      f"({r['error_equal']:+.0%}) | {r['measured_balanced_s']:.3f} | {r['predicted_balanced_s']:.3f} "
+                      f"({r['error_balanced']:+.0%}) |")
+            if args.json:
+                Path(args.json).write_text(json.dumps({"args": vars(args), "predictions": lines}, indent=1))
+            return
         if args.transient:
             out = transient(cluster, data, work, args)
             if args.json:

@@ -256,6 +256,11 @@ def test_estimate_cli_prices_cards_of_unequal_speed_split_equally_and_by_speed(t
     slow = work(speeds=(1.0, 0.5), balanced=True)
     assert micro_batches_s(slow, 2) == pytest.approx(11 * 0.25) and micro_batches_s(work(), 2) == pytest.approx(8 * 0.5)
     assert Deal.from_speeds([1.0, 0.5], 8).counts() == [11, 5]
+    # a profile's ranks: speeds in rank order, none where all are within 10%
+    from commodity_bert.plan.estimate import speeds_from_profile
+    ranks = [{"rank": 1, "forward_backward_s": 0.4}, {"rank": 0, "forward_backward_s": 0.2}]
+    assert speeds_from_profile({"ranks": ranks}) == (1.0, 0.5)
+    assert speeds_from_profile({"ranks": [{**ranks[0], "forward_backward_s": 0.21}, ranks[1]]}) is None
     code, stderr = refusal(main, ["estimate", "--gpu", "3090,k80", "--link", "1gbit"], capsys)
     assert code == 2 and "--gpu 'k80': give one of 2080ti" in stderr
     fitted = tmp_path / "fit.json"

@@ -195,16 +195,24 @@ def estimate(args) -> list[dict]:
             notes += [n for n in w.notes if n not in notes]
         phases[optimizer] = works
     rows = recipe_rows(phases, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour)
-    if cards:  # the same cluster with the micro-batches dealt by speed (train/balance.py)
-        for row in rows:
-            row["split"] = "equal"
-        balanced = {o: [dataclasses.replace(w, speeds=cards.speeds, balanced=True) for w in works]
+    # ranks of unequal speed (the cards named, or the profile's ranks): the same cluster with the
+    # micro-batches dealt by speed (train/balance.py) beside the equal split
+    speeds = cards.speeds if cards else e.speeds_from_profile(profile) if args.profile else None
+    if speeds:
+        balanced = {o: [dataclasses.replace(w, speeds=speeds, balanced=True) for w in works]
                     for o, works in phases.items()}
-        rows = [row for pair in zip(rows, recipe_rows(balanced, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour))
-                for row in pair]
+        dealt = iter(recipe_rows(balanced, nodes_list, gpus_per_node, net, args.usd_per_gpu_hour))
+        paired = []
         for row in rows:
-            row.setdefault("split", "balanced")
-        notes += cards.notes()
+            other = next(dealt)
+            if row["gpus"] == len(speeds):
+                paired += [{**row, "split": "equal"}, {**other, "split": "balanced"}]
+            else:
+                paired.append(row)
+        rows = paired
+        notes += cards.notes() if cards else [
+            f"the profile's ranks differ in speed ({min(speeds):.2f} of the fastest at the slowest): priced split "
+            f"equally and by speed on its {len(speeds)} ranks"]
     what = f"{args.config}" if args.config else f"BERT-{args.model} recipe (phase 1 seq 128 + phase 2 seq 512)"
     layout = (f"nodes of {', '.join(map(str, gpus_per_node))} GPUs"
               if isinstance(gpus_per_node, tuple) else f"{gpus_per_node} GPU(s) per node")

@@ -85,6 +85,16 @@ def compute_from_profile(profile: dict) -> Compute:
                    measured=slowest, source=f"profile: {slowest['host']} rank {slowest['rank']}, {slowest['device']}")
 
 
+def speeds_from_profile(profile: dict) -> tuple[float, ...] | None:
+    """Each rank's speed against the fastest's (its forward + backward), in rank order; None where
+    every rank is within 10% of the fastest (a deal by speed would change nothing worth pricing)."""
+    ranks = sorted(profile["ranks"], key=lambda r: r["rank"])
+    times = [r["forward_backward_s"] for r in ranks]
+    if max(times) < 1.1 * min(times):
+        return None
+    return tuple(min(times) / t for t in times)
+
+
 def network_from_profile(profile: dict, link: str | None, latency_ms: float | None, intra_link: str | None) -> Network:
     fit = profile["allreduce"].get("fit")
     net = Network(link_bytes_per_s=parse_rate(link) if link else 0.0)

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from commodity_bert.data.masking import MASK_PROB
 from commodity_bert.host import cpu_model, speaker
 from commodity_bert.run_config import RunConfig
+from commodity_bert.train.balance import SLOW_RANKS_ENV, slow_ranks
 
 SLOW_LINK_RATIO = 0.5   # a direction below this share of the fastest one is reported
 SIOCGIFADDR = 0x8915
@@ -230,6 +231,7 @@ def measure_training_step(args, given: RunConfig, device: torch.device, rank: in
     lowbit_s = time_lowbit_average(lamb["params"], device, alone.group, args.steps)
     sparse_encode_s, sparse_decode_s = time_sparse_coding(lamb["params"], device, args.steps)
     fb_s, optimizer_s = statistics.median(lamb["fb"]), statistics.median(lamb["opt"])
+    fb_s *= slow_ranks(os.environ.get(SLOW_RANKS_ENV), rank)[0]  # a rank slowed on purpose (tests, benchmarks)
     flops = [training_flops(model_config, tokens, args.micro_batch * width * width, masked)
              for tokens, width, masked in lamb["shapes"]]
     return {"model": args.model, "params": lamb["params"], "seq_len": seq_len, "micro_batch": args.micro_batch,
@@ -585,7 +587,8 @@ def slow_rank_problems(ranks: list[dict], ratio: float = 1.5) -> list[str]:
     return [f"slow rank: rank {r['rank']} on {r['host']} ({r['device']}) takes {r['forward_backward_s']:.3g} s a "
             f"forward + backward, {r['forward_backward_s'] / median:.1f}x the median {median:.3g} s; every rank "
             f"waits for it at each step: check its clocks and temperature (nvidia-smi -q -d PERFORMANCE), other "
-            f"jobs on it, or leave it out of the hostfile"
+            f"jobs on it, leave it out of the hostfile, or deal it fewer micro-batches: \"balance\": "
+            f"{{\"split\": \"speed\"}} (docs/clusters.md)"
             for r in ranks if r["forward_backward_s"] >= ratio * median]
 
 

@@ -22,7 +22,8 @@ decide otherwise, so it resumes bit for bit; a relaunch on another world size st
 rank's compute and not its exchange, as a slower card would: after each forward it sleeps
 (FACTOR − 1) × the forward's time, and after each backward (FACTOR − 1) × twice that (a
 backward is about two forwards; the boundary's backward holds the allreduce, so its own time
-would slow the exchange too), from step FIRST to LAST where given.
+would slow the exchange too), from step FIRST to LAST where given; `bert-plan preflight` multiplies
+the forward + backward it times by FACTOR, as it would read a slower card.
 """
 from __future__ import annotations
 
