@@ -456,7 +456,8 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
       every step logged (the bf16 run is compared step by step after the freeze);
     - zero1_fp32: AdamW under ZeRO-1 in fp32, micro-batch 16 x accumulation 2, dynamic masking,
       10 steps (ZeRO-2 in bf16 against it: test_training_paths.py);
-    - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps."""
+    - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps, micro-batch 16 × accumulation 2 dealt
+      1 : 3 (UNEQUAL), as its bf16 mode case."""
     from commodity_bert.optim.precision import native_cpu_bf16
     precision = "bf16" if native_cpu_bf16() else "fp32"  # as recipes/quickstart.sh picks
     root = tmp_path_factory.mktemp("reference")
@@ -475,8 +476,8 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
                   "--keep-checkpoints", 2],
         "onebit20": [*ONEBIT, "--data", train_data, "--max-steps", 20, "--log-every", 1],
         "zero1_fp32": ["--deepspeed_config", zero1, *tiny, "--data", dynamic_data, "--max-steps", 10, "--log-every", 1],
-        "bucketwise_fp32": ["--deepspeed_config", REPO / "ds_configs" / "cpu_tiny_lamb_bucketwise_clip.json", *tiny,
-                            "--data", train_data, "--max-steps", 10, "--log-every", 1],
+        "bucketwise_fp32": ["--deepspeed_config", config_file(root, "cpu_tiny_lamb_bucketwise_clip.json", **UNEQUAL),
+                            *tiny, "--data", train_data, "--max-steps", 10, "--log-every", 1],
     }
     runs = {name: root / name for name in launches}
     procs = side_by_side([[*args, "--output-dir", runs[name]] for name, args in launches.items()])
@@ -602,7 +603,8 @@ MODE_CASES = {
     # replayed (optim/cpu_adam_resume.py; β2^6 by pow differs from the chained product)
     "allreduce_zero2_adamw": ModeCase("allreduce", "cpu_tiny_adamw_zero2_bf16.json", ACCUMULATION, 10, 5, 5,
                                       data="dynamic_data"),
-    "bucketwise_clipping": ModeCase("bucketwise_clipping", "cpu_tiny_lamb_bucketwise_clip.json", {}, 10, 5, 5, (),
+    "bucketwise_clipping": ModeCase("bucketwise_clipping", "cpu_tiny_lamb_bucketwise_clip.json", UNEQUAL, 10, 5, 5,
+                                    ("rank_share",),
                                     ({"zero_optimization.stage": 1}, "bucket-wise clipping cannot run under ZeRO stage 1")),
     # the freeze after step 10: resumed before it, the run crosses it after the relaunch
     "onebit_lamb": ModeCase("onebit_lamb", "cpu_tiny_onebit_lamb.json", {}, 15, 8, 8, ("onebit_frozen",),
