@@ -653,6 +653,9 @@ def main(argv: list[str] | None = None) -> None:
     data_iter = iter(batches)
     trimmer = HeapTrimmer(args.trim_host_memory_every)
     loss_to_backward = loss_for_backward(engine)  # fp16 at ZeRO stage 0: the loss scale DeepSpeed 0.19 leaves out
+    # each rank ends its step at its own last micro-batch (ranks of unequal speed train unequal
+    # numbers of them); a config with "managed_gradient_accumulation": false owns it through step()
+    own_boundary = engine.managed_gradient_accumulation()
     engine.train()
     try:
         while engine.global_steps < max_steps:
@@ -665,7 +668,8 @@ def main(argv: list[str] | None = None) -> None:
                 flops = executed_training_flops(model_config, batch)  # from the host copy: no device sync
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 boundary = micro == micro_batches - 1
-                engine.set_gradient_accumulation_boundary(boundary)  # each rank at its own last micro-batch
+                if own_boundary:
+                    engine.set_gradient_accumulation_boundary(boundary)
                 with mode.micro_batch(boundary):
                     with balancer.forward():
                         loss, stats = engine(batch)

@@ -45,6 +45,9 @@ def test_balance_settings_are_checked():
     assert problem({"split": "speed"}) is None
     assert "ZeRO stage 2" in problem({"split": "speed"}, stage=2)
     assert problem({"split": "speed"}, stage=1) is None
+    unmanaged = RunConfig.parse({"train_micro_batch_size_per_gpu": 8, "managed_gradient_accumulation": False,
+                                 "commodity_bert": {"balance": {"split": "speed"}}}).problems()
+    assert 'drop "managed_gradient_accumulation": false' in unmanaged
     assert "give one number above 0 per rank" in problem({"split": "speed", "speeds": [1, 0]})
     assert 'give "equal" or "speed"' in problem({"split": "fast"})
     assert slow_ranks("0:1.5,1:2:5-9", 1) == (2.0, 5, 9) and slow_ranks("1:2", 0) == (1.0, 0, None)

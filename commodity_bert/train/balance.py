@@ -53,6 +53,9 @@ def check_settings(settings: dict, config: RunConfig) -> str | None:
     gain = settings["redeal_gain"]
     if not isinstance(gain, (int, float)) or not 0 <= gain < 1:
         return f"balance redeal_gain {gain!r}: give a fraction of the step time in [0, 1), e.g. 0.1"
+    if settings["split"] == "speed" and config.given.get("managed_gradient_accumulation") is False:
+        return ('balance split "speed" needs DeepSpeed to count the micro-batches of a step (each rank sets '
+                'its own boundary); drop "managed_gradient_accumulation": false from the config')
     if settings["split"] == "speed" and config.zero_stage >= 2:
         return (f"balance split \"speed\" cannot run under ZeRO stage {config.zero_stage}: it reduces the gradients in "
                 f"every micro-batch's backward, so every rank must train as many a step; use stage 0 or 1")
