@@ -453,7 +453,8 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
       a 2-core AMD EPYC with native bf16: 15.2% in bf16 (52 s), 15.0% in fp32 (93 s), against a
       unigram accuracy of 8.75%;
     - onebit20: 1-bit LAMB, eager, 20 steps: warmup to step 10, then the compression stage;
-      every step logged (the bf16 run is compared step by step after the freeze);
+      every step logged (the bf16 run is compared step by step after the freeze); on shares 1 : 3
+      (UNEQUAL), as its bf16 mode case and the compiled run;
     - zero1_fp32: AdamW under ZeRO-1 in fp32, micro-batch 16 x accumulation 2, dynamic masking,
       10 steps (ZeRO-2 in bf16 against it: test_training_paths.py);
     - bucketwise_fp32: bucket-wise clipping in fp32, 10 steps, micro-batch 16 × accumulation 2 dealt
@@ -474,7 +475,7 @@ def reference_runs(tmp_path_factory, sotu_small, sotu_vocab, train_data, dynamic
                     "--plateau-check-samples", 15000],
         "run30": [*COMMON, "--data", train_data, "--max-steps", 30, "--eval-every", 15, "--save-every", 10,
                   "--keep-checkpoints", 2],
-        "onebit20": [*ONEBIT, "--data", train_data, "--max-steps", 20, "--log-every", 1],
+        "onebit20": [*onebit_unequal(root), "--data", train_data, "--max-steps", 20, "--log-every", 1],
         "zero1_fp32": ["--deepspeed_config", zero1, *tiny, "--data", dynamic_data, "--max-steps", 10, "--log-every", 1],
         "bucketwise_fp32": ["--deepspeed_config", config_file(root, "cpu_tiny_lamb_bucketwise_clip.json", **UNEQUAL),
                             *tiny, "--data", train_data, "--max-steps", 10, "--log-every", 1],
@@ -607,7 +608,7 @@ MODE_CASES = {
                                     ("rank_share",),
                                     ({"zero_optimization.stage": 1}, "bucket-wise clipping cannot run under ZeRO stage 1")),
     # the freeze after step 10: resumed before it, the run crosses it after the relaunch
-    "onebit_lamb": ModeCase("onebit_lamb", "cpu_tiny_onebit_lamb.json", {}, 15, 8, 8, ("onebit_frozen",),
+    "onebit_lamb": ModeCase("onebit_lamb", "cpu_tiny_onebit_lamb.json", UNEQUAL, 15, 8, 8, ("onebit_frozen", "rank_share"),
                             ({"zero_optimization.stage": 1}, "OneBitLamb cannot run under ZeRO stage 1")),
     # variance frozen after step 12; step 21 is a local step (ranks apart), step 24 a sync
     "zero_one_adam": ModeCase("zero_one_adam", "cpu_tiny_zero_one_adam.json", UNEQUAL, 24, 21, 7,
@@ -643,6 +644,11 @@ MODE_CASES = {
         "commodity_bert.diloco.inner_steps": 3, "commodity_bert.diloco.warmup_steps": 6}, 10, 5, 5, ("outer_rounds",),
         ({"commodity_bert.diloco.warmup_steps": -1}, "diloco warmup_steps -1: give 0 or more steps")),
 }
+
+
+def onebit_unequal(tmp_dir) -> list:
+    """ONEBIT's arguments on shares 1 : 3 (UNEQUAL): the 1-bit LAMB runs compared with its mode case."""
+    return ["--deepspeed_config", config_file(tmp_dir, "cpu_tiny_onebit_lamb.json", **UNEQUAL), *ONEBIT[2:]]
 
 
 class ModeRun(NamedTuple):

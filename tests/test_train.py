@@ -12,6 +12,7 @@ from conftest import (
     free_port,
     launched,
     load_manifest,
+    onebit_unequal,
     one_rank_group,
     refused_in_process,
     relaunched,
@@ -333,7 +334,8 @@ def test_compiled_model_trains_like_eager(tmp_path, data, onebit20):
     loader alive until interpreter exit, where its worker (deaf to SIGTERM) was joined for ever
     (launched, not forked: a forked rank ends in os._exit, without the interpreter's exit)."""
     run = tmp_path / "run"
-    launched(2, *ONEBIT, "--data", data, "--output-dir", run, "--max-steps", 15, "--compile", timeout=600)
+    launched(2, *onebit_unequal(tmp_path), "--data", data, "--output-dir", run, "--max-steps", 15, "--compile",
+             timeout=600)
     compiled, eager = rows(run), {r["step"]: r for r in rows(onebit20)}  # onebit20 logs every step
     assert [r["step"] for r in compiled] == [5, 10, 15]
     # batch widths and token counts vary from step to step; no step after the first recompiles

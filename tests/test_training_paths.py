@@ -110,7 +110,8 @@ def test_onebit_lamb_in_bf16_tracks_fp32_across_the_freeze(mode_run, onebit20):
     # norms of 11-120 at step 14, 16, 18 or 20; where bf16 spiked at 14 and fp32 did not, bf16's
     # 5-step mean at 15 was 0.08 above fp32's, as on one CI machine. So the stage is only held to
     # go on learning: the median of steps 11-15 (one spike moves it little) was 0.16-0.20 below
-    # that of steps 6-10 in all 12 runs.
+    # that of steps 6-10 in all 12 runs; on shares 1 : 3 (micro-batch 16 × 2, UNEQUAL in conftest.py)
+    # 0.19 below in bf16 and in fp32 (one run each).
     assert median(bf16[s]["loss"] for s in range(11, 16)) < median(bf16[s]["loss"] for s in range(6, 11)) - 0.1, \
         ([bf16[s]["loss"] for s in range(6, 16)], [fp32[s]["loss"] for s in range(6, 16)])
     # the freeze at the same step as in fp32 (DeepSpeed's priming step is not counted): warmup
