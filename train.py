@@ -505,7 +505,7 @@ def share_the_steps(inputs: CheckedInputs, batches: TrainingBatches, mode, saved
     if line := balancer.load_state_dict(saved):
         say(line)
     batches.set_deal(balancer.deal)
-    mode.balance(balancer.deal.shares()[rank] * world)
+    mode.balance(balancer.rank_weight)
     if line := balancer.describe():
         say(line)
     return balancer
@@ -684,7 +684,7 @@ def main(argv: list[str] | None = None) -> None:
             if (deal := balancer.after_step(step, bookkeeping.unlogged)) is not None:
                 data_iter.close()  # at the step's boundary: the loader goes on with the new owners
                 batches.set_deal(deal)
-                mode.balance(deal.shares()[rank] * world)
+                mode.balance(balancer.rank_weight)
                 data_iter = iter(batches)
                 say(f"balance at step {step}: {balancer.counts_line()}")
             trimmer.after_step(step)

@@ -66,6 +66,14 @@ def measured_speeds(log: Path) -> list[float]:
     return [float(s) for s in found.group(1).split(", ")]
 
 
+def logged_steps(work: Path, name: str, args) -> dict[int, dict]:
+    """A run's logged rows by step, each with its step time (the global batch over seq/s)."""
+    path = work / f"{name}_{args.hosts}hosts_unlimited" / "metrics.jsonl"
+    global_batch = args.micro_batch * args.accumulation * args.hosts
+    return {r["step"]: {**r, "step_s": global_batch / r["seq_per_s"]}
+            for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+
+
 def transient(cluster: Cluster, data: Path, work: Path, args) -> dict:
     factor, steps = args.transient.split(":")
     slowed(cluster, f"{args.hosts - 1}:{factor}:{steps}")
@@ -73,11 +81,8 @@ def transient(cluster: Cluster, data: Path, work: Path, args) -> dict:
     balanced["commodity_bert"]["balance"].update({"measure_steps": 3, "redeal": True})
     args.log_every = 1
     run_variant(cluster, data, work, "transient", args, balanced, first_steady=2)
-    rows = [r for r in map(json.loads, (work / f"transient_{args.hosts}hosts_unlimited" / "metrics.jsonl")
-                           .read_text().splitlines()) if "loss" in r]
-    global_batch = args.micro_batch * args.accumulation * args.hosts
-    per_step = [{"step": r["step"], "step_s": global_batch / r["seq_per_s"], "rank_share": r["rank_share"]}
-                for r in rows]
+    per_step = [{"step": step, "step_s": r["step_s"], "rank_share": r["rank_share"]}
+                for step, r in logged_steps(work, "transient", args).items()]
     for row in per_step:
         print(json.dumps(row))
     return {"slowed": f"rank {args.hosts - 1} × {factor}, steps {steps}", "steps": per_step}
@@ -130,7 +135,6 @@ def main() -> None:
     args = parser.parse_args()
     work, data = set_up("unequal_ranks.py", args.work)
     args.current_rate, args.log_every, args.freeze_step = "unlimited", 2, 0
-    global_batch = args.micro_batch * args.accumulation * args.hosts
     cluster = Cluster.up(work / "cluster", args.hosts, slots=1)
     results = []
     try:
@@ -160,11 +164,9 @@ def main() -> None:
                                          config(args.micro_batch, args.accumulation, args.steps, split == "speed"),
                                          first_steady=4)
                     windows = result["windows"]
-                    rows = {r["step"]: r for r in map(json.loads, (work / f"{name}_{args.hosts}hosts_unlimited"
-                                                                    / "metrics.jsonl").read_text().splitlines())
-                            if "loss" in r}
+                    rows = logged_steps(work, name, args)
                     entry = {"factor": factor, "split": split, "repeat": repeat,
-                             "step_s": statistics.median(global_batch / rows[s]["seq_per_s"] for _, s in windows),
+                             "step_s": statistics.median(rows[s]["step_s"] for _, s in windows),
                              "windows": windows}
                     if split == "speed":
                         entry["speeds"] = measured_speeds(work / f"{name}_{args.hosts}hosts_unlimited.log")

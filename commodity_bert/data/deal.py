@@ -23,6 +23,7 @@ stands at the step's end when the step ends (where checkpoints are written).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 class DealError(ValueError):
@@ -84,10 +85,14 @@ class Deal:
     def accumulation(self) -> int:
         return len(self.owners[0])
 
+    @cached_property
+    def _counts(self) -> tuple[int, ...]:  # read every step (the loop's share, the metrics)
+        flat = [r for row in self.owners for r in row]
+        return tuple(flat.count(r) for r in range(self.world))
+
     def counts(self) -> list[int]:
         """Micro-batches a step each rank trains."""
-        flat = [r for row in self.owners for r in row]
-        return [flat.count(r) for r in range(self.world)]
+        return list(self._counts)
 
     def shares(self) -> list[float]:
         """Each rank's part of the global batch."""

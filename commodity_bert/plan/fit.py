@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from commodity_bert.comm.topology import Topology
+from commodity_bert.host import atomic_write_text
 from commodity_bert.plan.estimate import DS_CONFIGS, read_config
 from commodity_bert.plan.memory import (
     CONTEXT_BYTES,
@@ -75,9 +76,7 @@ def run(args) -> dict:
     if len({a["precision"] for a in answers}) > 1:
         print("precision: fp16 on every card: a job of cards with and without bf16 trains in the precision all have")
     if args.json:
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1))
-        tmp.replace(args.json)
+        atomic_write_text(args.json, json.dumps(out, indent=1))
     return out
 
 

@@ -94,6 +94,7 @@ class Balancer:
         self.settings = balance_settings(config)
         self.world, self.rank, self.accumulation, self.device = world, rank, accumulation, device
         self.enabled = self.settings["split"] == "speed" and world > 1
+        self.measuring = self.enabled and self.settings.get("speeds") is None  # else the config's speeds rule
         self.speeds: list[float] | None = None
         self.deal = Deal.equal(world, accumulation)
         self.redeals = 0
@@ -101,6 +102,7 @@ class Balancer:
         self._average: list[float] | None = None
         self._slow = slow_ranks(os.environ.get(SLOW_RANKS_ENV), rank)
         self._step, self._last_forward = 0, 0.0
+        self._pending: list[tuple] = []  # a GPU's forwards as event pairs, read once a measurement
         given = self.settings.get("speeds")
         if self.enabled and given is not None:
             if len(given) != world:
@@ -135,12 +137,27 @@ class Balancer:
     def start_step(self, step: int) -> None:
         self._step = step
 
+    @property
+    def rank_weight(self) -> float:
+        """This rank's micro-batches a step against the equal split's (comm/mode.py's `balance`)."""
+        return self.deal.counts()[self.rank] / self.accumulation
+
     @contextlib.contextmanager
     def forward(self):
         """Times the forward (this rank's compute, no collective), slowed where asked; untimed where
-        nothing reads the time (a GPU's timing waits for its queue to drain)."""
-        if not (self.enabled and self.settings.get("speeds") is None) and self._slowdown() == 1.0:
+        nothing reads the time. On a GPU the time is a pair of CUDA events, read when a
+        measurement sums them: no wait for the queue in the loop (the slow-down, a test's, waits)."""
+        factor = self._slowdown()
+        if not self.measuring and factor == 1.0:
             yield
+            return
+        if self.device.type == "cuda" and factor == 1.0:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._pending.append((start, end))
+            self._micro_batches += 1
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -149,7 +166,6 @@ class Balancer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
-        factor = self._slowdown()
         if factor > 1:
             time.sleep((factor - 1) * seconds)
             seconds *= factor
@@ -168,11 +184,15 @@ class Balancer:
 
     def after_step(self, step: int, unlogged) -> Deal | None:
         """At a step's end: a new deal when one is due (the same on every rank), else None."""
-        if not self.enabled or (self.settings.get("speeds") is not None):
+        if not self.measuring:
             return None
         self._steps += 1
         if self._steps < self.settings["measure_steps"]:
             return None
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            self._forward_s += sum(start.elapsed_time(end) for start, end in self._pending) / 1000
+            self._pending = []
         rate = torch.tensor([self._micro_batches / max(self._forward_s, 1e-9)], dtype=torch.float64, device=self.device)
         every = [torch.zeros_like(rate) for _ in range(self.world)]
         with unlogged():
