@@ -13,7 +13,8 @@
 #   training texts are added unless TASK_TEXT=0, and the pretraining text is checked for its dev
 #   texts first: python -m commodity_bert.domain check-text), TIME_BUDGET (default 90m: the pretraining's wall
 #   time, checkpoints and evaluations included), OUT (default runs/domain), MODEL (default mini),
-#   VOCAB_SIZE (default 8192), SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW
+#   VOCAB_SIZE (default 8192), VOCAB (a ready vocab.txt instead, e.g. BERT's own 30,522 pieces:
+#   data_prep/resources/bert_base_uncased_vocab.txt; default: VOCAB_SIZE pieces trained on TEXT), SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW
 #   rate, default 1e-3, warmed up over the first 10% and decayed linearly to 0 at the sized
 #   end), BATCH (sequences per rank and step, default 32), RANKS (default 2), STEPS (default: sized
 #   to TIME_BUDGET from a short timing run of the same job), CHECKPOINTS (default 5: the run keeps
@@ -34,6 +35,12 @@ TIME_BUDGET=${TIME_BUDGET:-90m}
 FINETUNE_ARGS=${FINETUNE_ARGS:---train-examples 1000}
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi
 CONFIG=${CONFIG:-ds_configs/cpu_mini_adamw_$PRECISION.json}
+if [ -n "${VOCAB:-}" ]; then
+    [ -f "$VOCAB" ] || { echo "domain.sh: VOCAB=$VOCAB is not a file: give a vocab.txt (one WordPiece a line)" >&2; exit 2; }
+    # a run keeps the vocabulary its shards were made with: another one is a new OUT
+    [ ! -f "$OUT/vocab.txt" ] || cmp -s "$VOCAB" "$OUT/vocab.txt" || { echo "domain.sh: $OUT was made with" \
+        "another vocabulary than VOCAB=$VOCAB: give a new OUT, or leave VOCAB out" >&2; exit 2; }
+fi
 mkdir -p "$OUT"
 INPUTS="$TEXT"
 if [ -n "${TASK:-}" ]; then
@@ -48,6 +55,7 @@ JUDGE=$([ -n "${TASK:-}" ] || [[ " $FINETUNE_ARGS " == *" --train "* || " $FINET
 # the judge's flags checked now, not after the pretraining's hours (the model is not read)
 # shellcheck disable=SC2086  # a list of flags
 [ -z "$JUDGE" ] || $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} $FINETUNE_ARGS --check-only
+[ -z "${VOCAB:-}" ] || [ -f "$OUT/vocab.txt" ] || { cp "$VOCAB" "$OUT/vocab.partial" && mv "$OUT/vocab.partial" "$OUT/vocab.txt"; }
 # shellcheck disable=SC2086
 [ -f "$OUT/vocab.txt" ] || $PY -m data_prep vocab --input $INPUTS --vocab-size "${VOCAB_SIZE:-8192}" --lowercase \
     --output "$OUT/vocab.txt"

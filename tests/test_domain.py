@@ -45,6 +45,12 @@ def test_the_domain_path_builds_sizes_trains_and_judges(tmp_path, sotu_text):
     result = json.loads((out / "downstream.json").read_text())
     assert result["task"] == "embedded:polarity" and result["random_init"]["per_seed"]
     assert result["train_size"] == 100 and not (out / "timing").exists()
+    # the same OUT with another vocabulary would be another run: refused, the run as it was
+    kept = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    refused = domain(out, text, VOCAB=str(REPO / "data_prep" / "resources" / "bert_base_uncased_vocab.txt"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "another vocabulary than VOCAB=" in refused.stderr
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == kept
 
 
 def test_a_corpus_with_a_dev_sentence_is_refused_before_anything_is_built(tmp_path):

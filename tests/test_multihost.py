@@ -157,14 +157,14 @@ def test_node_loss_fails_fast_and_relaunch_resumes(cluster, data, one_host_run, 
 
 
 def test_a_link_that_flaps_trains_on_and_one_that_stays_down_ends_both_ranks_naming_the_other(cluster, data, tmp_path):
-    """node2's cable out of the switch: its connections stall, neither end told. Out for 10 s,
-    under the 30-s collective timeout, the run trains on; out for good, each rank stops within the
+    """node2's cable out of the switch: its connections stall, neither end told. Out for 5 s,
+    under the 18-s collective timeout, the run trains on; out for good, each rank stops within the
     timeout (and the few seconds that tell who went silent) in one line naming the other's host,
     and the last checkpoint stays whole. DeepSpeed's own groups (its gradient allreduce) included:
     made without a timeout, they waited torch's 30 minutes."""
     run = tmp_path / "run"
     ranks = forked_on_hosts(cluster, 2, *train_args(data, run, 100_000, "--save-every", 10,
-                                                    "--dist-timeout-minutes", 0.5)[1:], as_launched=True)
+                                                    "--dist-timeout-minutes", 0.3)[1:], as_launched=True)
     ranks.timeout = 300
 
     def step() -> int:
@@ -179,7 +179,7 @@ def test_a_link_that_flaps_trains_on_and_one_that_stays_down_ends_both_ranks_nam
     try:
         until(lambda: step() >= 10, "the flap")
         cluster.set_link_up(1, False)
-        time.sleep(10)
+        time.sleep(5)
         cluster.set_link_up(1, True)
         flapped_at = step()
         until(lambda: step() >= flapped_at + 10, "training on after the flap")
@@ -192,7 +192,7 @@ def test_a_link_that_flaps_trains_on_and_one_that_stays_down_ends_both_ranks_nam
         cluster.set_link_up(1, True)
     print(f"the flap at step {flapped_at}; both ranks ended {ended_after:.0f} s after the link went down")
     assert done.returncode != 0
-    assert ended_after < 30 + 20, f"{ended_after:.0f} s after the link went down"
+    assert ended_after < 18 + 20, f"{ended_after:.0f} s after the link went down"
     lines = [line for line in done.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(lines) == 2, done.stderr[-3000:]
     assert any(line.startswith("train.py: error: rank 0 on node1: no word from rank 1 on node2") for line in lines)

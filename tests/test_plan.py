@@ -386,7 +386,13 @@ def test_preflight_two_local_ranks_then_estimate(tmp_path, train_data):
                "--model", "tiny", "--config", config, "--seq-len",
                manifest["seq_len"], "--steps", 100, "--optimizer", "lamb", "--json", rows_path)
     assert est.returncode == 0, est.stderr
-    one, two = json.loads(rows_path.read_text())
+    rows = json.loads(rows_path.read_text())
+    # two ranks sharing two cores with the suite can differ by more than 10%: the profile's ranks are
+    # then unequal and the 2-GPU row comes also split by speed, never slower than the equal split
+    one, two = [r for r in rows if r.get("split") != "balanced"]
+    for row in rows:
+        if row.get("split") == "balanced":
+            assert row["gpus"] == 2 and row["compute_s"] <= two["compute_s"]
     slowest = max(profile["ranks"], key=lambda r: r["forward_backward_s"])
     accumulation = 4  # the config's batch, 32 sequences on one GPU, in micro-batches of 8
     assert one["compute_s"] == pytest.approx(

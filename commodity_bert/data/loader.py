@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -414,11 +415,22 @@ class _DealtBatches(Dataset):
         return maker(rows[j - self.first], (*key, j))
 
 
-def _ignore_stop_signals(_worker_id: int) -> None:
+def _start_worker(_worker_id: int) -> None:
     """Loader workers outlive a stop signal: the trainer finishes its step and saves a
-    checkpoint, and a dead worker would abort it (the launcher signals the whole tree)."""
+    checkpoint, and a dead worker would abort it (the launcher signals the whole tree). And a
+    worker whose rank can no longer take its batches (the rank out of file descriptors, or gone)
+    stays quiet: multiprocessing's thread that hands a batch's file descriptors over reports the
+    broken pipe through sys.excepthook, a traceback on the terminal beside the rank's own line,
+    which names the cause."""
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    report = sys.excepthook
+
+    def quiet_when_the_rank_is_gone(kind, value, traceback):
+        if not issubclass(kind, (BrokenPipeError, ConnectionResetError)):
+            report(kind, value, traceback)
+
+    sys.excepthook = quiet_when_the_rank_is_gone
 
 
 SHARDS_IN_MEMORY = 2
@@ -600,7 +612,7 @@ class TrainingBatches:
             loader = DataLoader(dataset, batch_size=None, shuffle=False, num_workers=self.num_workers,
                                 prefetch_factor=4 if self.num_workers else None,
                                 generator=torch.Generator().manual_seed(self.seed),
-                                worker_init_fn=_ignore_stop_signals)
+                                worker_init_fn=_start_worker)
             for (_, j), batch in zip(items, loader):
                 self.batch = j + 1
                 yield batch

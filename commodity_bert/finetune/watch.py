@@ -78,6 +78,14 @@ def _alive(pid: int | None) -> bool:
     return True
 
 
+def _pause(seconds: float, pid: int | None) -> None:
+    """Wait for the next poll, or less: the training's end is noticed within a second, so its
+    final export is probed at once rather than up to a poll later."""
+    until = time.monotonic() + seconds
+    while _alive(pid) and (left := until - time.monotonic()) > 0:
+        time.sleep(min(left, 1.0))
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] watch: {message}", flush=True)
 
@@ -129,7 +137,7 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
                 available = candidates(run_dir)
             except (OSError, ValueError, KeyError) as exc:  # a file caught mid-write or mid-rotation
                 log(f"cannot list the run's checkpoints now ({type(exc).__name__}: {exc}); retrying")
-                time.sleep(poll_seconds)
+                _pause(poll_seconds, stop_with_pid)
                 continue
             over = once or not _alive(stop_with_pid) or (stop_with_pid is None and finished(run_dir, available))
             todo = [c for c in available if c.step not in done | failed]
@@ -160,6 +168,6 @@ def run(run_dir: Path, task, hp, seeds, device, cache_dir, poll_seconds: float =
                     "training has ended" if stop_with_pid else "nothing more to probe")
                 refresh_card(run_dir, log)
                 return
-            time.sleep(poll_seconds)
+            _pause(poll_seconds, stop_with_pid)
     finally:
         writer.close()

@@ -9,7 +9,8 @@
 #
 #   bash benchmarks/studies/domain_polarity/screen.sh WORK [VARIANT ...]   # default: all variants
 #   VARIANT: base (seq 128, masking 15%, lr 1e-3), seq64 (64 tokens, 128 sequences a step),
-#            lr3e-3 (peak rate 3e-3), mask30 (30% masked; not in the default list: masking rates
+#            lr3e-3 (peak rate 3e-3), tiny (the 2-layer, 128-wide model), bertvocab (BERT's own
+#            30,522-piece uncased vocabulary in place of the in-domain one), mask30 (30% masked; not in the default list: masking rates
 #            were screened at 8M tokens on general text, benchmarks/RESULTS.md#small-budget-factors)
 # Results: benchmarks/results/domain_polarity/screen_VARIANT.json (the judge) and
 # screen_VARIANT_pretraining.json (the run's summary); the table: screen_report.py, run at the end
@@ -28,12 +29,14 @@ for variant in $VARIANTS; do
         seq64) knobs=(SEQ_LEN=64 BATCH=64) ;;  # the same tokens a step as base
         mask30) knobs=(MASK_PROB=0.3) ;;
         lr3e-3) knobs=(LR=3e-3); same_data=1 ;;
-        *) echo "screen.sh: unknown variant $variant (base, seq64, mask30, lr3e-3)" >&2; exit 2 ;;
+        tiny) knobs=(MODEL=tiny); same_data=1 ;;
+        bertvocab) knobs=(VOCAB=data_prep/resources/bert_base_uncased_vocab.txt) ;;
+        *) echo "screen.sh: unknown variant $variant (base, seq64, mask30, lr3e-3, tiny, bertvocab)" >&2; exit 2 ;;
     esac
     run=$WORK/screen/$variant
     mkdir -p "$run"
     # the vocabulary depends on the text alone: one for every variant
-    [ -f "$run/vocab.txt" ] || [ ! -f "$WORK/screen/base/vocab.txt" ] || cp "$WORK/screen/base/vocab.txt" "$run/vocab.txt"
+    [ "$variant" = bertvocab ] || [ -f "$run/vocab.txt" ] || [ ! -f "$WORK/screen/base/vocab.txt" ] || cp "$WORK/screen/base/vocab.txt" "$run/vocab.txt"
     [ "$same_data" = 0 ] || [ -e "$run/shards" ] || [ ! -f "$WORK/screen/base/shards/manifest.json" ] \
         || ln -s "$WORK/screen/base/shards" "$run/shards"
     env "${knobs[@]}" TEXT="$WORK/imdb/corpus.txt" TASK=embedded:polarity STEPS=1000 TIME_BUDGET=100m CHECKPOINTS=1 \
