@@ -14,9 +14,9 @@
 #   texts first: python -m commodity_bert.domain check-text), TIME_BUDGET (default 90m: the pretraining's wall
 #   time, checkpoints and evaluations included), OUT (default runs/domain), MODEL (default mini),
 #   VOCAB_SIZE (default 8192), VOCAB (a ready vocab.txt instead, e.g. BERT's own 30,522 pieces:
-#   data_prep/resources/bert_base_uncased_vocab.txt; default: VOCAB_SIZE pieces trained on TEXT), SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW
-#   rate, default 1e-3, warmed up over the first 10% and decayed linearly to 0 at the sized
-#   end), BATCH (sequences per rank and step, default 32), RANKS (default 2), STEPS (default: sized
+#   data_prep/resources/bert_base_uncased_vocab.txt; default: VOCAB_SIZE pieces trained on TEXT),
+#   SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW rate, default 1e-3, warmed up
+#   over the first 10% and decayed linearly to 0 at the sized end), BATCH (sequences per rank and step, default 32), RANKS (default 2), STEPS (default: sized
 #   to TIME_BUDGET from a short timing run of the same job), CHECKPOINTS (default 5: the run keeps
 #   that many evenly spaced, for the gain curve), TIMING_STEPS (default 30), MASTER_PORT (default
 #   29500; another for a second job on the same machine), CONFIG (default
