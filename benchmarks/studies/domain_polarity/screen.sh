@@ -11,8 +11,9 @@
 #   VARIANT: base (seq 128, masking 15%, lr 1e-3), seq64 (64 tokens, 128 sequences a step),
 #            lr3e-3 (peak rate 3e-3), tiny (the 2-layer, 128-wide model), tiny4400 (tiny for 4,400
 #            steps, about the base's pretraining time on a 2-core Zen 4), bertvocab (BERT's own
-#            30,522-piece uncased vocabulary in place of the in-domain one), mask30 (30% masked; not in the default list: masking rates
-#            were screened at 8M tokens on general text, benchmarks/RESULTS.md#small-budget-factors)
+#            30,522-piece uncased vocabulary in place of the in-domain one), mask30 (30% masked;
+#            not in the default list: masking rates were screened at 8M tokens on general text,
+#            benchmarks/RESULTS.md#small-budget-factors)
 # Results: benchmarks/results/domain_polarity/screen_VARIANT.json (the judge) and
 # screen_VARIANT_pretraining.json (the run's summary); the table: screen_report.py, run at the end
 set -euo pipefail
@@ -21,6 +22,10 @@ WORK=${1:?give the work directory}; shift
 VARIANTS=${*:-base seq64 lr3e-3}
 PY=${PYTHON:-.venv/bin/python}
 OUT=benchmarks/results/domain_polarity
+KNOWN="base seq64 mask30 lr3e-3 tiny tiny4400 bertvocab"
+for variant in $VARIANTS; do  # every name checked before the corpus is fetched
+    [[ " $KNOWN " == *" $variant "* ]] || { echo "screen.sh: unknown variant $variant ($KNOWN)" >&2; exit 2; }
+done
 mkdir -p "$WORK" "$OUT"
 [ -f "$WORK/imdb/corpus.txt" ] || $PY -m data_prep corpus --sources imdb_reviews --output "$WORK/imdb"
 for variant in $VARIANTS; do
@@ -33,12 +38,12 @@ for variant in $VARIANTS; do
         tiny) knobs=(MODEL=tiny); same_data=1 ;;
         tiny4400) knobs=(MODEL=tiny STEPS=4400); same_data=1 ;;  # tiny for mini's 1,000 steps' time
         bertvocab) knobs=(VOCAB=data_prep/resources/bert_base_uncased_vocab.txt) ;;
-        *) echo "screen.sh: unknown variant $variant (base, seq64, mask30, lr3e-3, tiny, tiny4400, bertvocab)" >&2; exit 2 ;;
     esac
     run=$WORK/screen/$variant
     mkdir -p "$run"
     # the vocabulary depends on the text alone: one for every variant
-    [ "$variant" = bertvocab ] || [ -f "$run/vocab.txt" ] || [ ! -f "$WORK/screen/base/vocab.txt" ] || cp "$WORK/screen/base/vocab.txt" "$run/vocab.txt"
+    [ "$variant" = bertvocab ] || [ -f "$run/vocab.txt" ] || [ ! -f "$WORK/screen/base/vocab.txt" ] \
+        || cp "$WORK/screen/base/vocab.txt" "$run/vocab.txt"
     [ "$same_data" = 0 ] || [ -e "$run/shards" ] || [ ! -f "$WORK/screen/base/shards/manifest.json" ] \
         || ln -s "$WORK/screen/base/shards" "$run/shards"
     env TEXT="$WORK/imdb/corpus.txt" TASK=embedded:polarity STEPS=1000 TIME_BUDGET=100m CHECKPOINTS=1 \
