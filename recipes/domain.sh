@@ -16,8 +16,9 @@
 #   VOCAB_SIZE (default 8192), VOCAB (a ready vocab.txt instead, e.g. BERT's own 30,522 pieces:
 #   data_prep/resources/bert_base_uncased_vocab.txt; default: VOCAB_SIZE pieces trained on TEXT),
 #   SEQ_LEN (default 128), MASK_PROB (default 0.15), LR (peak AdamW rate, default 1e-3, warmed up
-#   over the first 10% and decayed linearly to 0 at the sized end), BATCH (sequences per rank and step, default 32), RANKS (default 2), STEPS (default: sized
-#   to TIME_BUDGET from a short timing run of the same job), CHECKPOINTS (default 5: the run keeps
+#   over the first 10% and decayed linearly to 0 at the sized end), BATCH (sequences per rank and
+#   step, default 32), RANKS (default 2), STEPS (default: sized to TIME_BUDGET from a short timing
+#   run of the same job), CHECKPOINTS (default 5: the run keeps
 #   that many evenly spaced, for the gain curve), TIMING_STEPS (default 30), MASTER_PORT (default
 #   29500; another for a second job on the same machine), CONFIG (default
 #   ds_configs/cpu_mini_adamw_{bf16,fp32}.json by the CPU), FINETUNE_ARGS (default
@@ -36,7 +37,8 @@ FINETUNE_ARGS=${FINETUNE_ARGS:---train-examples 1000}
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then PRECISION=bf16; else PRECISION=fp32; fi
 CONFIG=${CONFIG:-ds_configs/cpu_mini_adamw_$PRECISION.json}
 if [ -n "${VOCAB:-}" ]; then
-    [ -f "$VOCAB" ] || { echo "domain.sh: VOCAB=$VOCAB is not a file: give a vocab.txt (one WordPiece a line)" >&2; exit 2; }
+    [ -f "$VOCAB" ] || { echo "domain.sh: VOCAB=$VOCAB is not a file: give a vocab.txt (one WordPiece" \
+        "a line)" >&2; exit 2; }
     # a run keeps the vocabulary its shards were made with: another one is a new OUT
     [ ! -f "$OUT/vocab.txt" ] || cmp -s "$VOCAB" "$OUT/vocab.txt" || { echo "domain.sh: $OUT was made with" \
         "another vocabulary than VOCAB=$VOCAB: give a new OUT, or leave VOCAB out" >&2; exit 2; }
@@ -55,10 +57,14 @@ JUDGE=$([ -n "${TASK:-}" ] || [[ " $FINETUNE_ARGS " == *" --train "* || " $FINET
 # the judge's flags checked now, not after the pretraining's hours (the model is not read)
 # shellcheck disable=SC2086  # a list of flags
 [ -z "$JUDGE" ] || $PY -m commodity_bert.finetune --model "$OUT/run" ${TASK:+--task "$TASK"} $FINETUNE_ARGS --check-only
-[ -z "${VOCAB:-}" ] || [ -f "$OUT/vocab.txt" ] || { cp "$VOCAB" "$OUT/vocab.partial" && mv "$OUT/vocab.partial" "$OUT/vocab.txt"; }
-# shellcheck disable=SC2086
-[ -f "$OUT/vocab.txt" ] || $PY -m data_prep vocab --input $INPUTS --vocab-size "${VOCAB_SIZE:-8192}" --lowercase \
-    --output "$OUT/vocab.txt"
+if [ -f "$OUT/vocab.txt" ]; then
+    :  # made by an earlier run of this OUT (VOCAB, if given, was checked to be the same above)
+elif [ -n "${VOCAB:-}" ]; then
+    cp "$VOCAB" "$OUT/vocab.partial" && mv "$OUT/vocab.partial" "$OUT/vocab.txt"
+else
+    # shellcheck disable=SC2086
+    $PY -m data_prep vocab --input $INPUTS --vocab-size "${VOCAB_SIZE:-8192}" --lowercase --output "$OUT/vocab.txt"
+fi
 # shellcheck disable=SC2086
 [ -f "$OUT/shards/manifest.json" ] || $PY -m data_prep shards --input $INPUTS --vocab "$OUT/vocab.txt" \
     --seq-len "${SEQ_LEN:-128}" --no-nsp --masking dynamic --mask-prob "${MASK_PROB:-0.15}" \
