@@ -90,7 +90,7 @@ DEFAULT_MODEL = "base"  # --model's, where --init-from does not give the shape
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="dataset directory made by bert-data-prep shards")
-    p.add_argument("--model", help="tiny | mini | base | large | a BertConfig JSON (default: --init-from's own "
+    p.add_argument("--model", help="tiny | mini | small | medium | base | large | a BertConfig JSON (default: --init-from's own "
                    "shape, else base)")
     p.add_argument("--output-dir", required=True, help="RUN directory: metrics, checkpoints, hf_model")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps "

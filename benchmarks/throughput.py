@@ -321,7 +321,7 @@ def measure(device: torch.device, model_name: str, data: Path, precision: str, m
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--model", default="mini", help="preset: tiny, mini, base, large")
+    parser.add_argument("--model", default="mini", help="preset: tiny, mini, small, medium, base, large")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--precision", choices=list(DTYPES), help="default: bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--micro-batch", type=int, default=16)

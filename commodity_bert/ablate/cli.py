@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "removes the key); several --vary make the grid")
     what = p.add_argument_group("the runs")
     what.add_argument("--data", type=Path, required=True, help="shards of bert-data-prep")
-    what.add_argument("--model", required=True, help="tiny | mini | base | large | a BertConfig JSON")
+    what.add_argument("--model", required=True, help="tiny | mini | small | medium | base | large | a BertConfig JSON")
     where = what.add_mutually_exclusive_group()
     where.add_argument("--ranks", type=int, default=1, help="ranks on this machine (deepspeed --num_gpus)")
     where.add_argument("--hostfile", type=Path, help="a DeepSpeed hostfile (the RUN directories must be reachable "

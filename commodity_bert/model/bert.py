@@ -35,9 +35,12 @@ from transformers.masking_utils import sdpa_mask
 from commodity_bert.model import HEAD_PREFIX
 from commodity_bert.model.sections import ATTENTION_LAYOUTS
 
+# tiny, mini, small and medium are the compact BERTs of Turc et al. (arXiv 1908.08962) by their names
 PRESETS = {
     "tiny": {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512},
     "mini": {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024},
+    "small": {"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048},
+    "medium": {"num_hidden_layers": 8, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048},
     "base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
     "large": {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096},
 }

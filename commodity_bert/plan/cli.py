@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "its halfway checkpoint)")
 
     pre = sub.add_parser("preflight", help="measure compute and network on every rank (under the launcher)")
-    pre.add_argument("--model", default="base", help="tiny | mini | base | large | a BertConfig JSON")
+    pre.add_argument("--model", default="base", help="tiny | mini | small | medium | base | large | a BertConfig JSON")
     pre.add_argument("--seq-len", type=int, default=128, help="sequence length of the synthetic batches")
     pre.add_argument("--micro-batch", type=int, help="sequences per GPU (default: the config's micro-batch, else 8)")
     pre.add_argument("--deepspeed_config", "--deepspeed-config", type=Path,
