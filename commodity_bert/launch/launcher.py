@@ -53,15 +53,18 @@ import argparse
 import contextlib
 import ctypes
 import io
+import logging
 import math
 import os
 import re
+import runpy
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,6 +100,58 @@ RUNNER = ("import runpy, signal, sys\n"
           "    said = (str(exc).strip().splitlines() or [''])[0]\n"
           "    print(f\"bert-launch: error: DeepSpeed's runner stopped: {type(exc).__name__}: {said}\", file=sys.stderr)\n"
           f"    sys.exit({RUNNER_FAILED})\n")
+
+
+class ForkedRunner:
+    """DeepSpeed's runner in a fork of bert-launch, which has imported DeepSpeed already to parse
+    its arguments: RUNNER in a new interpreter imports it again, about 1.5 CPU-s a launch before
+    the runner starts launch.py (benchmarks/suite_cpu.py). The child is what RUNNER makes: its own
+    session, SIGUSR1 ignored, the other signals as a new interpreter has them, unbuffered output,
+    the runner as `python -m deepspeed.launcher.runner` runs it, and one line for its failure.
+    `pid` and `returncode` as a Popen's (Job.reap collects the status)."""
+
+    def __init__(self, ds_argv: list[str], env: dict):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._run(ds_argv, env)
+
+    @staticmethod
+    def _run(ds_argv: list[str], env: dict) -> None:
+        status = RUNNER_FAILED
+        try:
+            os.setsid()
+            for sig in STOP_SIGNALS:  # bert-launch's handlers; one ignored on arrival stays so
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            os.environ.clear()
+            os.environ.update(env)
+            for stream in (sys.stdout, sys.stderr):
+                stream.reconfigure(write_through=True)
+            # DeepSpeed's logger was made while its import was kept quiet (deepspeed_runner): it
+            # writes to this process's stdout again, as in a runner of its own
+            for handler in logging.getLogger("DeepSpeed").handlers:
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                    handler.stream = sys.stdout
+            sys.argv = ["deepspeed", *ds_argv]
+            sys.modules.pop("deepspeed.launcher.runner", None)  # run as __main__, not found imported
+            runpy.run_module("deepspeed.launcher.runner", run_name="__main__", alter_sys=True)
+            status = 0
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+            if isinstance(exit_.code, str):
+                print(exit_.code, file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - the child ends here whatever happens
+            said = (str(exc).strip().splitlines() or [""])[0]
+            print(f"bert-launch: error: DeepSpeed's runner stopped: {type(exc).__name__}: {said}", file=sys.stderr)
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)  # not bert-launch's exit handlers
 
 
 # torchrun's agent alike (`bert-launch --torchrun`), as the `torchrun` command runs it
@@ -412,8 +467,12 @@ class Job:
         self.local_rank_flag = not torchrun and not args.no_local_rank  # torchrun tells the rank by its environment
         become_subreaper()
         runner_env = dict(os.environ, **(ssh_keepalive_env(args) if self.route == "pdsh" else {}))
-        self.runner = self._spawn([sys.executable, "-u", "-c", TORCHRUN if torchrun else RUNNER, *ds_argv],
-                                  env=runner_env)
+        if torchrun or threading.active_count() > 1:  # a fork with threads could inherit a held lock
+            self.runner = self._spawn([sys.executable, "-u", "-c", TORCHRUN if torchrun else RUNNER, *ds_argv],
+                                      env=runner_env)
+        else:
+            self.runner = ForkedRunner(ds_argv, runner_env)
+            self.children[self.runner.pid] = self.runner
         self.me = psutil.Process()
 
     def _spawn(self, cmd: list[str], **kwargs) -> subprocess.Popen:
