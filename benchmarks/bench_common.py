@@ -3,13 +3,31 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from commodity_bert.host import cpu_model, free_port  # free_port: the benchmarks take it from here too
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def cpu_and_wall(cmd: list[str]) -> tuple[float, float]:
+    """CPU-seconds of `cmd` and every process it waited for, and its wall seconds."""
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, wall
+
+
+def medians(measured: list[tuple[float, float]]) -> dict:
+    """(CPU, wall) pairs of several runs: their medians and the runs."""
+    return {"cpu_s": round(statistics.median(c for c, _ in measured), 2),
+            "wall_s": round(statistics.median(w for _, w in measured), 2),
+            "cpu_s_runs": [round(c, 2) for c, _ in measured], "wall_s_runs": [round(w, 2) for _, w in measured]}
 
 
 def single_rank_environment() -> None:

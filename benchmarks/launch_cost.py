@@ -7,31 +7,18 @@ it runs where bert-launch has a second thread: forced here by one), median of se
 """
 import argparse
 import json
-import resource
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench_common import cpu_name, free_port
+from bench_common import cpu_and_wall, cpu_name, free_port, medians
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCH = "from commodity_bert.launch.launcher import main; import sys; sys.exit(main(sys.argv[1:]))"
 CASES = {
     "runner forked": LAUNCH,
     "runner in a new interpreter": ("import threading, time; threading.Thread(target=time.sleep, args=(600,), "
                                     "daemon=True).start()\n" + LAUNCH),
 }
-
-
-def measure(code: str, rank: Path) -> tuple[float, float]:
-    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, "--num_gpus", "1", "--master_port", str(free_port()), str(rank)],
-                   cwd=REPO, check=True, capture_output=True)
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
-    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, wall
 
 
 def main() -> None:
@@ -45,12 +32,11 @@ def main() -> None:
         rank.write_text("import sys\n")
         for _ in range(args.runs):  # interleaved: a drift of the machine's speed hits both alike
             for name, code in CASES.items():
-                runs[name].append(measure(code, rank))
+                runs[name].append(cpu_and_wall([sys.executable, "-c", code, "--num_gpus", "1", "--master_port",
+                                                str(free_port()), str(rank)]))
     cases = {}
     for name, measured in runs.items():
-        cases[name] = {"cpu_s": round(statistics.median(c for c, _ in measured), 2),
-                       "wall_s": round(statistics.median(w for _, w in measured), 2),
-                       "cpu_s_runs": [round(c, 2) for c, _ in measured], "wall_s_runs": [round(w, 2) for _, w in measured]}
+        cases[name] = medians(measured)
         print(f"{name:30s} CPU {cases[name]['cpu_s']:.2f} s  wall {cases[name]['wall_s']:.2f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"machine": cpu_name(), "command": " ".join(sys.argv), "runs": args.runs,

@@ -6,31 +6,17 @@ fresh interpreter's imports, each case in its own `python -c`, median of several
 """
 import argparse
 import json
-import resource
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench_common import cpu_name
+from bench_common import cpu_and_wall, cpu_name, medians
 
-REPO = Path(__file__).resolve().parents[1]
 CASES = ["import torch", "import torch, deepspeed", "import torch, deepspeed, torch._dynamo, torch.distributed.tensor",
          "import transformers.models.bert.modeling_bert", "import train", "import deepspeed.launcher.launch"]
 
 
 def measure(case: str, runs: int) -> dict:
-    cpu, wall = [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", case], check=True, capture_output=True, cwd=REPO)
-        wall.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return {"cpu_s": round(statistics.median(cpu), 2), "wall_s": round(statistics.median(wall), 2),
-            "cpu_s_runs": [round(c, 2) for c in cpu]}
+    return medians([cpu_and_wall([sys.executable, "-c", case]) for _ in range(runs)])
 
 
 def main() -> None:

@@ -104,8 +104,8 @@ RUNNER = ("import runpy, signal, sys\n"
 
 class ForkedRunner:
     """DeepSpeed's runner in a fork of bert-launch, which has imported DeepSpeed already to parse
-    its arguments: RUNNER in a new interpreter imports it again, about 1.5 CPU-s a launch before
-    the runner starts launch.py (benchmarks/suite_cpu.py). The child is what RUNNER makes: its own
+    its arguments: RUNNER in a new interpreter imports it again, 2.0 CPU-s and 1.7 s a launch
+    before the runner starts launch.py (benchmarks/launch_cost.py). The child is what RUNNER makes: its own
     session, SIGUSR1 ignored, the other signals as a new interpreter has them, unbuffered output,
     the runner as `python -m deepspeed.launcher.runner` runs it, and one line for its failure.
     `pid` and `returncode` as a Popen's (Job.reap collects the status)."""
@@ -130,7 +130,7 @@ class ForkedRunner:
             os.environ.clear()
             os.environ.update(env)
             for stream in (sys.stdout, sys.stderr):
-                stream.reconfigure(write_through=True)
+                stream.reconfigure(line_buffering=True, write_through=True)  # as `python -u` writes
             # DeepSpeed's logger was made while its import was kept quiet (deepspeed_runner): it
             # writes to this process's stdout again, as in a runner of its own
             for handler in logging.getLogger("DeepSpeed").handlers:
