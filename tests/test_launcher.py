@@ -136,7 +136,9 @@ def test_a_stop_signal_saves_exits_zero_and_the_relaunch_continues(tmp_path, tra
     (Slurm's USR1); to the ranks themselves under DeepSpeed's own per-node launcher (SIGTERM, as a
     scheduler sends it to every process); to `bert-launch --torchrun` alone (SIGTERM)."""
     run = tmp_path / "run"
-    _, first = stop_training(["--num_gpus", 2], run, train_data, signal.SIGTERM)
+    output, first = stop_training(["--num_gpus", 2], run, train_data, signal.SIGTERM)
+    # DeepSpeed's runner, in a fork of bert-launch, still says what it starts
+    assert "[runner.py" in output and "cmd = " in output and "deepspeed.launcher.launch" in output, output[-3000:]
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     per_node = ["--hostfile", hostfile, "--no_ssh", "--node_rank", 0, "--master_addr", "127.0.0.1"]
