@@ -1,6 +1,7 @@
 """Helpers the benchmark scripts share (imported as a sibling: the scripts run from this folder)."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import resource
@@ -28,6 +29,15 @@ def medians(measured: list[tuple[float, float]]) -> dict:
     return {"cpu_s": round(statistics.median(c for c, _ in measured), 2),
             "wall_s": round(statistics.median(w for _, w in measured), 2),
             "cpu_s_runs": [round(c, 2) for c, _ in measured], "wall_s_runs": [round(w, 2) for _, w in measured]}
+
+
+def report(cases: dict, runs: int, json_path: Path | None, width: int = 30) -> None:
+    """Each case's medians on a line, and the whole as JSON with the machine and the command."""
+    for name, case in cases.items():
+        print(f"{name:{width}s} CPU {case['cpu_s']:.2f} s  wall {case['wall_s']:.2f} s", flush=True)
+    if json_path:
+        json_path.write_text(json.dumps({"machine": cpu_name(), "command": " ".join(sys.argv), "runs": runs,
+                                         "cases": cases}, indent=1) + "\n")
 
 
 def single_rank_environment() -> None:

@@ -6,12 +6,11 @@ it runs where bert-launch has a second thread: forced here by one), median of se
     python benchmarks/launch_cost.py --json benchmarks/results/DATE_launch_cost.json
 """
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import cpu_and_wall, cpu_name, free_port, medians
+from bench_common import cpu_and_wall, free_port, medians, report
 
 LAUNCH = "from commodity_bert.launch.launcher import main; import sys; sys.exit(main(sys.argv[1:]))"
 CASES = {
@@ -34,13 +33,7 @@ def main() -> None:
             for name, code in CASES.items():
                 runs[name].append(cpu_and_wall([sys.executable, "-c", code, "--num_gpus", "1", "--master_port",
                                                 str(free_port()), str(rank)]))
-    cases = {}
-    for name, measured in runs.items():
-        cases[name] = medians(measured)
-        print(f"{name:30s} CPU {cases[name]['cpu_s']:.2f} s  wall {cases[name]['wall_s']:.2f} s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"machine": cpu_name(), "command": " ".join(sys.argv), "runs": args.runs,
-                                         "cases": cases}, indent=1) + "\n")
+    report({name: medians(measured) for name, measured in runs.items()}, args.runs, args.json)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,10 @@ fresh interpreter's imports, each case in its own `python -c`, median of several
     python benchmarks/rank_imports.py --json benchmarks/results/DATE_rank_imports.json
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from bench_common import cpu_and_wall, cpu_name, medians
+from bench_common import cpu_and_wall, medians, report
 
 CASES = ["import torch", "import torch, deepspeed", "import torch, deepspeed, torch._dynamo, torch.distributed.tensor",
          "import transformers.models.bert.modeling_bert", "import train", "import deepspeed.launcher.launch"]
@@ -24,13 +23,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    cases = {}
-    for case in CASES:
-        cases[case] = measure(case, args.runs)
-        print(f"{case:70s} CPU {cases[case]['cpu_s']:.2f} s  wall {cases[case]['wall_s']:.2f} s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps({"machine": cpu_name(), "command": " ".join(sys.argv), "runs": args.runs,
-                                         "cases": cases}, indent=1) + "\n")
+    report({case: measure(case, args.runs) for case in CASES}, args.runs, args.json, width=70)
 
 
 if __name__ == "__main__":

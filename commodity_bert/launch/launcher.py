@@ -92,13 +92,14 @@ DEEPSPEED_FLAGS = {"--module", "--no_python", "--no_local_rank", "--no_ssh", "--
 # any exception of the runner's own (a host --include names that the hostfile lacks, an --exclude
 # that leaves no host, its ssh check) ends it in one line with RUNNER_FAILED, not a traceback
 RUNNER_FAILED = 70  # EX_SOFTWARE: the runner said why in its line; no second line for its status
+RUNNER_STOPPED = "bert-launch: error: DeepSpeed's runner stopped: {kind}: {said}"
 RUNNER = ("import runpy, signal, sys\n"
           "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
           "try:\n"
           "    runpy.run_module('deepspeed.launcher.runner', run_name='__main__', alter_sys=True)\n"
           "except Exception as exc:\n"
           "    said = (str(exc).strip().splitlines() or [''])[0]\n"
-          "    print(f\"bert-launch: error: DeepSpeed's runner stopped: {type(exc).__name__}: {said}\", file=sys.stderr)\n"
+          f"    print({RUNNER_STOPPED!r}.format(kind=type(exc).__name__, said=said), file=sys.stderr)\n"
           f"    sys.exit({RUNNER_FAILED})\n")
 
 
@@ -146,7 +147,7 @@ class ForkedRunner:
                 print(exit_.code, file=sys.stderr)
         except BaseException as exc:  # noqa: BLE001 - the child ends here whatever happens
             said = (str(exc).strip().splitlines() or [""])[0]
-            print(f"bert-launch: error: DeepSpeed's runner stopped: {type(exc).__name__}: {said}", file=sys.stderr)
+            print(RUNNER_STOPPED.format(kind=type(exc).__name__, said=said), file=sys.stderr)
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
