@@ -392,7 +392,8 @@ def test_preflight_two_local_ranks_then_estimate(tmp_path, train_data):
     one, two = [r for r in rows if r.get("split") != "balanced"]
     for row in rows:
         if row.get("split") == "balanced":
-            assert row["gpus"] == 2 and row["compute_s"] <= two["compute_s"]
+            # (a deal that comes out equal sums the same seconds in another order: equal to rounding)
+            assert row["gpus"] == 2 and row["compute_s"] <= two["compute_s"] * (1 + 1e-12)
     slowest = max(profile["ranks"], key=lambda r: r["forward_backward_s"])
     accumulation = 4  # the config's batch, 32 sequences on one GPU, in micro-batches of 8
     assert one["compute_s"] == pytest.approx(

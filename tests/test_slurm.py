@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import CPU_CONFIG, REPO
 
+from commodity_bert.train.balance import SLOW_RANKS_ENV
+
 sys.path.insert(0, str(REPO))
 
 SBATCH = REPO / "recipes" / "slurm" / "pretrain.sbatch"
@@ -135,11 +137,14 @@ def out_of_time(slurm, train_data, tmp_path_factory, preempted):
     """One job through two interruptions. A 1-minute limit and USR1 20 s before it (Slurm sends it
     up to 30 s earlier here): run 1 stops at the signal and requeues the job. Its requeued run
     trains 5 steps more, past a checkpoint of its own (--save-every 5); then node2 dies (slurmd and
-    the job's processes killed), Slurm requeues the job, and it resumes once the node is back."""
+    the job's processes killed), Slurm requeues the job, and it resumes once the node is back.
+    Its ranks compute a quarter of the time (COMMODITY_BERT_SLOW_RANKS): what is tested is
+    Slurm's clock, and the steps it ends are the preempted job's, not its number of steps."""
     out = tmp_path_factory.mktemp("time_limit")
     run = out / "run"
+    env = {**job_env(slurm, train_data, run, 1000, "--save-every", 5), SLOW_RANKS_ENV: "0:4,1:4"}
     job = slurm.sbatch("-N", "2", "--time", "1", "--signal", "USR1@20", "--output", str(out / "job-%j.out"), str(SBATCH),
-                       env=job_env(slurm, train_data, run, 1000, "--save-every", 5), cwd=REPO)
+                       env=env, cwd=REPO)
 
     def log() -> str:
         return log_of(out, job)
