@@ -50,9 +50,9 @@ WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_mode
 # seconds in a whole run, longest first, but Slurm's before the namespace hosts': its tests mostly
 # wait on Slurm's clock and its jobs take under a core, so it goes beside the shared runs, which
 # use both cores (beside ablation and the benchmarks, which also leave one idle, the suite took
-# 956 s; this way 929 s, on a 2-core AMD EPYC Zen 4). The modules that wait on timeouts and
-# sleeps (streaming DiLoCo's late and hung workers, the delay relay) before the short ones, where
-# they left one core idle at the end. The rest in collection order.
+# 956 s; this way 929, 929 and 946 s, on a 2-core AMD EPYC Zen 4). The modules that wait on
+# timeouts and sleeps (streaming DiLoCo's late and hung workers, the delay relay) go before the
+# short ones, where they left one core idle at the end. The rest in collection order.
 LONGEST_FIRST = ["shared_runs", "test_slurm", "on_hosts", "test_ablate", "test_benchmarks",
                  "test_gpu_session", "test_launch_errors", "test_domain", "test_streaming_diloco",
                  "test_delay_relay", "test_run_config", "datasets"]
@@ -319,8 +319,8 @@ def train_module_for_forks():
     """train.py, imported once per worker, with what its ranks otherwise do once each, each fork
     anew: DeepSpeed's op loading imports torch.utils.cpp_extension (and setuptools), rank 0 imports
     its TensorBoard writer and, at its export, builds transformers' checkpoint conversion mapping
-    (1,033 regular expressions, kept for the process). Done here, a 3-step run of 2 forked ranks
-    takes ~2.6 CPU-s instead of ~3.4 (AMD EPYC Zen 4)."""
+    (1,033 regular expressions, kept for the process): about 0.8 CPU-s a 2-rank run where the
+    worker had done none of them yet (docs/HISTORY.md, 89d59c7)."""
     import torch.utils.cpp_extension  # noqa: F401
     import torch.utils.tensorboard  # noqa: F401
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
