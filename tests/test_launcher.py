@@ -201,8 +201,10 @@ def test_ranks_orphaned_by_launch_py_are_still_stopped_and_their_status_counts(t
     launcher = start("--num_gpus", 2, "--master_port", free_port(), stub, tmp_path, "--fail-rank", 1)
     wait_for(lambda: all(s.startswith("ready") for s in states(tmp_path).values()) and len(states(tmp_path)) == 2,
              launcher)
-    [launch_py] = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-                   if p.status() != psutil.STATUS_ZOMBIE and "deepspeed.launcher.launch" in p.cmdline()]
+    # forked from the runner, itself a fork of bert-launch: the one below the runner with bert-launch's command line
+    bert_launch = psutil.Process(launcher.pid)
+    [launch_py] = [p for p in bert_launch.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+                   and p.cmdline() == bert_launch.cmdline() and p.ppid() != launcher.pid]
     launch_py.kill()
     time.sleep(3)
     assert launcher.poll() is None  # `deepspeed` itself would have exited 0 by now

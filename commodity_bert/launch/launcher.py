@@ -66,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -108,7 +109,8 @@ class ForkedRunner:
     its arguments: RUNNER in a new interpreter imports it again, 2.0 CPU-s and 1.7 s a launch
     before the runner starts launch.py (benchmarks/launch_cost.py). The child is what RUNNER makes: its own
     session, SIGUSR1 ignored, the other signals as a new interpreter has them, unbuffered output,
-    the runner as `python -m deepspeed.launcher.runner` runs it, and one line for its failure.
+    the runner as `python -m deepspeed.launcher.runner` runs it, and one line for its failure;
+    this host's launch.py, which the runner starts, is a fork of it too (LaunchPyInAFork).
     `pid` and `returncode` as a Popen's (Job.reap collects the status)."""
 
     def __init__(self, ds_argv: list[str], env: dict):
@@ -137,14 +139,8 @@ class ForkedRunner:
             for handler in logging.getLogger("DeepSpeed").handlers:
                 if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                     handler.stream = sys.stdout
-            sys.argv = ["deepspeed", *ds_argv]
-            sys.modules.pop("deepspeed.launcher.runner", None)  # run as __main__, not found imported
-            runpy.run_module("deepspeed.launcher.runner", run_name="__main__", alter_sys=True)
-            status = 0
-        except SystemExit as exit_:
-            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-            if isinstance(exit_.code, str):
-                print(exit_.code, file=sys.stderr)
+            subprocess.Popen = LaunchPyInAFork  # this process runs the runner and nothing else
+            status = run_as_main("deepspeed.launcher.runner", ds_argv)
         except BaseException as exc:  # noqa: BLE001 - the child ends here whatever happens
             said = (str(exc).strip().splitlines() or [""])[0]
             print(RUNNER_STOPPED.format(kind=type(exc).__name__, said=said), file=sys.stderr)
@@ -153,6 +149,82 @@ class ForkedRunner:
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(status)  # not bert-launch's exit handlers
+
+
+def run_as_main(module: str, argv: list[str]) -> int:
+    """`module` run as `python -m module ARGV` runs it, in this process: its exit status (a
+    SystemExit's message printed, as the interpreter prints it). Its other exceptions go up."""
+    sys.argv = [module, *argv]
+    sys.modules.pop(module, None)  # run as __main__, not found imported
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(exit_.code, file=sys.stderr)
+        return exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return 0
+
+
+LAUNCH_PY = [sys.executable, "-u", "-m", "deepspeed.launcher.launch"]
+
+
+class LaunchPyInAFork(subprocess.Popen):
+    """subprocess.Popen in the forked runner's process. The command DeepSpeed's runner builds to
+    start this host's launch.py (`python -u -m deepspeed.launcher.launch ...`, env=) runs in a
+    fork of the runner, which has DeepSpeed imported, where a new interpreter would import it
+    again: 2.0 CPU-s and 1.7 s a launch (benchmarks/launch_cost.py). Every other command
+    (pdsh, mpirun) is Popen's. The runner offers no other way to say how it starts launch.py."""
+
+    def __new__(cls, args, *rest, **kwargs):
+        if isinstance(args, list) and args[:len(LAUNCH_PY)] == LAUNCH_PY and not rest and set(kwargs) <= {"env"}:
+            return ForkedLaunchPy(args[len(LAUNCH_PY):], kwargs.get("env"))
+        return super().__new__(cls)
+
+
+class ForkedLaunchPy:
+    """launch.py in a fork, with what Popen(cmd, env=env) gives it in a new interpreter: that
+    environment, the runner's session and signals (SIGUSR1 ignored), unbuffered output, a traceback
+    and status 1 for an exception. What DeepSpeed's runner uses of a Popen: `pid`, `returncode`,
+    `poll`, `wait` and `send_signal`. bert-launch tells it by its command line, its own (Job.discover)."""
+
+    def __init__(self, argv: list[str], env: dict | None):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            status = 1
+            try:
+                if env is not None:
+                    os.environ.clear()
+                    os.environ.update(env)
+                status = run_as_main("deepspeed.launcher.launch", argv)
+            except BaseException:  # noqa: BLE001 - as the interpreter ends on an uncaught exception
+                traceback.print_exc()
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(status)
+
+    def _collect(self, options: int) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, options)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._collect(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is not None:
+            raise ValueError("ForkedLaunchPy.wait takes no timeout (DeepSpeed's runner gives none)")
+        return self._collect(0)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
 
 
 # torchrun's agent alike (`bert-launch --torchrun`), as the `torchrun` command runs it
@@ -475,6 +547,7 @@ class Job:
             self.runner = ForkedRunner(ds_argv, runner_env)
             self.children[self.runner.pid] = self.runner
         self.me = psutil.Process()
+        self.my_cmdline = self.me.cmdline()
 
     def _spawn(self, cmd: list[str], **kwargs) -> subprocess.Popen:
         proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)  # out of reach of the terminal's Ctrl-C
@@ -511,7 +584,9 @@ class Job:
     def discover(self) -> None:
         """Remember DeepSpeed's launch.py processes and the ranks they started: their children
         (the ranks' own children, data-loader workers, share the rank's command line), and ranks
-        orphaned to us before we saw them, told by the command line launch.py gave them."""
+        orphaned to us before we saw them, told by the command line launch.py gave them. A
+        launch.py in a new interpreter has its own command line; one forked from the runner
+        (ForkedLaunchPy) has ours, and is the only descendant besides the runner that has it."""
         try:
             descendants = self.me.children(recursive=True)
         except psutil.Error:
@@ -521,7 +596,7 @@ class Job:
                 if proc.pid in self.launchers or proc.pid in self.ranks or proc.pid in self.children:
                     continue
                 cmdline = proc.cmdline()
-                if "deepspeed.launcher.launch" in cmdline:
+                if "deepspeed.launcher.launch" in cmdline or cmdline == self.my_cmdline:
                     self.launchers[proc.pid] = proc
                 elif proc.ppid() == self.me.pid and self.script in cmdline and \
                         (not self.local_rank_flag or any(a.startswith("--local_rank=") for a in cmdline)):
