@@ -22,6 +22,12 @@ import re
 import socket
 import subprocess
 
+# DeepSpeed's launch.py holds every host and its slots in its command line (--world_info=, base64
+# JSON), which a rank reads from its parent's; a launch.py that bert-launch forked has bert-launch's
+# command line, and passes the same value to its ranks in this variable
+WORLD_INFO_ENV = "COMMODITY_BERT_WORLD_INFO"
+
+
 def expand_hostlist(hostlist: str) -> list[str]:
     """Slurm's compressed host list ("gpu[01-03,07],cpu1") as names, in order."""
     hosts = []

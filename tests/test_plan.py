@@ -499,11 +499,12 @@ def test_problem_lines_from_measurements():
     assert "a: eth0; b: docker0" in line and "GLOO_SOCKET_IFNAME" in line
 
 
-@pytest.mark.parametrize("launcher", ["deepspeed", "srun"])
+@pytest.mark.parametrize("launcher", ["deepspeed", "srun", "bert-launch"])
 def test_preflight_names_the_host_that_never_joins(tmp_path, launcher):
-    """Rank 0 of 2 alone, as DeepSpeed's launch.py starts it (its parent holds --world_info) or as
-    srun does (the step's node list and tasks a node): after --join-timeout it names the host
-    whose rank did not come, and writes nothing."""
+    """Rank 0 of 2 alone, as DeepSpeed's launch.py starts it (its parent holds --world_info), as
+    srun does (the step's node list and tasks a node) or as bert-launch --no_ssh starts it on the
+    first host of two (its launch.py forked, with bert-launch's command line): after --join-timeout
+    it names the host whose rank did not come, and writes nothing."""
     import base64
     import os
     world_info = base64.urlsafe_b64encode(json.dumps({"nodeA": [0], "nodeB": [0]}).encode()).decode()
@@ -515,6 +516,12 @@ def test_preflight_names_the_host_that_never_joins(tmp_path, launcher):
         command = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:-1]))",
                    *rank0, f"--world_info={world_info}"]
         env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0")
+    elif launcher == "bert-launch":
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("nodeA slots=1\nnodeB slots=1\n")
+        command = [sys.executable, "-m", "commodity_bert.launch", "--hostfile", str(hostfile), "--no_ssh",
+                   "--node_rank", "0", "--master_addr", "127.0.0.1", "--master_port", env["MASTER_PORT"],
+                   "--module", *rank0[2:]]
     else:
         command = rank0
         env.update(SLURM_PROCID="0", SLURM_STEP_NUM_TASKS="2", SLURM_NODEID="0", SLURM_LOCALID="0",

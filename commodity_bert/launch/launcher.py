@@ -73,6 +73,7 @@ from pathlib import Path
 import psutil
 
 from commodity_bert.host import speaker
+from commodity_bert.launcher_env import WORLD_INFO_ENV
 from commodity_bert.train.failures import DIST_TIMEOUT_MINUTES
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
@@ -183,8 +184,8 @@ class LaunchPyInAFork(subprocess.Popen):
 
 class ForkedLaunchPy:
     """launch.py in a fork, with what Popen(cmd, env=env) gives it in a new interpreter: that
-    environment, the runner's session and signals (SIGUSR1 ignored), unbuffered output, a traceback
-    and status 1 for an exception. What DeepSpeed's runner uses of a Popen: `pid`, `returncode`,
+    environment (and its --world_info in WORLD_INFO_ENV), the runner's session and signals (SIGUSR1
+    ignored), unbuffered output, a traceback and status 1 for an exception. What DeepSpeed's runner uses of a Popen: `pid`, `returncode`,
     `poll`, `wait` and `send_signal`. bert-launch tells it by its command line, its own (Job.discover)."""
 
     def __init__(self, argv: list[str], env: dict | None):
@@ -198,6 +199,9 @@ class ForkedLaunchPy:
                 if env is not None:
                     os.environ.clear()
                     os.environ.update(env)
+                for arg in argv:  # what a rank reads from launch.py's command line, which here is ours
+                    if arg.startswith("--world_info="):
+                        os.environ[WORLD_INFO_ENV] = arg.split("=", 1)[1]
                 status = run_as_main("deepspeed.launcher.launch", argv)
             except BaseException:  # noqa: BLE001 - as the interpreter ends on an uncaught exception
                 traceback.print_exc()

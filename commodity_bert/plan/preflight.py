@@ -78,14 +78,17 @@ def device_name(device: torch.device) -> str:
 
 
 def launcher_hosts() -> list[tuple[str, int]] | None:
-    """(host, ranks on it) in rank order, from DeepSpeed's launch.py (our parent) --world_info, or
-    from srun's step (its node list and tasks a node: srun places ranks node by node)."""
+    """(host, ranks on it) in rank order, from DeepSpeed's launch.py (our parent) --world_info (in
+    WORLD_INFO_ENV where bert-launch forked launch.py), or from srun's step (its node list and tasks
+    a node: srun places ranks node by node)."""
+    from commodity_bert.launcher_env import WORLD_INFO_ENV
     with contextlib.suppress(Exception):
         import psutil
-        for arg in psutil.Process(os.getppid()).cmdline():
-            if arg.startswith("--world_info="):
-                info = json.loads(base64.urlsafe_b64decode(arg.split("=", 1)[1]))
-                return [(host, len(slots)) for host, slots in info.items()]
+        encoded = next((arg.split("=", 1)[1] for arg in psutil.Process(os.getppid()).cmdline()
+                        if arg.startswith("--world_info=")), os.environ.get(WORLD_INFO_ENV))
+        if encoded:
+            info = json.loads(base64.urlsafe_b64decode(encoded))
+            return [(host, len(slots)) for host, slots in info.items()]
     if "SLURM_STEP_NODELIST" in os.environ and "SLURM_STEP_TASKS_PER_NODE" in os.environ:
         from commodity_bert.launcher_env import expand_counts, expand_hostlist
         hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
