@@ -185,8 +185,9 @@ class LaunchPyInAFork(subprocess.Popen):
 class ForkedLaunchPy:
     """launch.py in a fork, with what Popen(cmd, env=env) gives it in a new interpreter: that
     environment (and its --world_info in WORLD_INFO_ENV), the runner's session and signals (SIGUSR1
-    ignored), unbuffered output, a traceback and status 1 for an exception. What DeepSpeed's runner uses of a Popen: `pid`, `returncode`,
-    `poll`, `wait` and `send_signal`. bert-launch tells it by its command line, its own (Job.discover)."""
+    ignored), unbuffered output, a traceback and status 1 for an exception. Of a Popen, what
+    DeepSpeed's runner uses: `pid`, `returncode`, `poll`, `wait` and `send_signal`. bert-launch
+    tells it by its command line, which is bert-launch's own (Job.discover)."""
 
     def __init__(self, argv: list[str], env: dict | None):
         for stream in (sys.stdout, sys.stderr):
