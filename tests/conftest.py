@@ -50,9 +50,10 @@ WORKER_GROUPS = {**dict.fromkeys(["test_finetune", "test_train", "test_comm_mode
 # seconds in a whole run, longest first, but Slurm's before the namespace hosts': its tests mostly
 # wait on Slurm's clock and its jobs take under a core, so it goes beside the shared runs, which
 # use both cores (beside ablation and the benchmarks, which also leave one idle, the suite took
-# 956 s; this way 901 to 946 s in five runs, median 929, on a 2-core AMD EPYC Zen 4: docs/suite.md). The modules that wait on
-# timeouts and sleeps (streaming DiLoCo's late and hung workers, the delay relay) go before the
-# short ones, where they left one core idle at the end. The rest in collection order.
+# 956 s; this way 901 to 946 s in five runs, median 929, on a 2-core AMD EPYC Zen 4:
+# docs/suite.md). The modules that wait on timeouts and sleeps (streaming DiLoCo's late and hung
+# workers, the delay relay) go before the short ones, where they left one core idle at the end.
+# The rest in collection order.
 LONGEST_FIRST = ["shared_runs", "test_slurm", "on_hosts", "test_ablate", "test_benchmarks",
                  "test_gpu_session", "test_launch_errors", "test_domain", "test_streaming_diloco",
                  "test_delay_relay", "test_run_config", "datasets"]

@@ -115,10 +115,8 @@ class ForkedRunner:
     `pid` and `returncode` as a Popen's (Job.reap collects the status)."""
 
     def __init__(self, ds_argv: list[str], env: dict):
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         self.returncode: int | None = None
-        self.pid = os.fork()
+        self.pid = fork_flushed()
         if self.pid == 0:
             self._run(ds_argv, env)
 
@@ -146,10 +144,22 @@ class ForkedRunner:
             said = (str(exc).strip().splitlines() or [""])[0]
             print(RUNNER_STOPPED.format(kind=type(exc).__name__, said=said), file=sys.stderr)
         finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(status)  # not bert-launch's exit handlers
+            end_child(status)
+
+
+def fork_flushed() -> int:
+    """os.fork() with nothing buffered: what bert-launch had written is not written twice."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return os.fork()
+
+
+def end_child(status: int) -> None:
+    """A forked child's end: its output flushed, then os._exit, not bert-launch's exit handlers."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(status)
 
 
 def run_as_main(module: str, argv: list[str]) -> int:
@@ -190,10 +200,8 @@ class ForkedLaunchPy:
     tells it by its command line, which is bert-launch's own (Job.discover)."""
 
     def __init__(self, argv: list[str], env: dict | None):
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
         self.returncode: int | None = None
-        self.pid = os.fork()
+        self.pid = fork_flushed()
         if self.pid == 0:
             status = 1
             try:
@@ -207,10 +215,7 @@ class ForkedLaunchPy:
             except BaseException:  # noqa: BLE001 - as the interpreter ends on an uncaught exception
                 traceback.print_exc()
             finally:
-                with contextlib.suppress(Exception):
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                os._exit(status)
+                end_child(status)
 
     def _collect(self, options: int) -> int | None:
         if self.returncode is None:
